@@ -1,0 +1,203 @@
+"""The unit of distributed work: an ensemble chunk of chains, vmapped over chains, scanned over draws.
+
+Each chain's randomness is ``fold_in(fold_in(base, chain_index), iteration_index)``: it depends on
+the seed, the global chain index and the global iteration, never on which chunk, worker or
+segment ran it. The trajectory jitter depends on the iteration index only and is shared by all
+chains, so a vmapped chunk integrates the same number of steps in lock-step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dhmc.core import hmc
+from dhmc.core.adaptation import chees_trajectory, dual_averaging, halton, welford
+from dhmc.core.adaptation.welford import WelfordState
+from dhmc.types import Array, LogDensityFn
+
+KERNELS = ("chees", "hmc")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Host-side kernel settings (never traced).
+
+    ``kind`` is ``"chees"`` (jittered trajectory ``u * T`` with ``u`` in (0, 1)) or ``"hmc"``
+    (fixed ``num_steps``, or ``trajectory_length / step_size`` steps when ``num_steps`` is None).
+    """
+
+    kind: str = "chees"
+    num_steps: int | None = None
+    max_num_steps: int = 1000
+    target_accept: float = 0.8
+    dense_mass: bool = False
+    divergence_threshold: float = 1000.0
+
+
+class Params(NamedTuple):
+    """Tunable parameters shared by every chain of the ensemble."""
+
+    step_size: Array
+    inverse_mass_matrix: Array
+    trajectory_length: Array
+
+
+class WarmupStats(NamedTuple):
+    """What one warmup block reports back for merging across blocks."""
+
+    step_size: Array
+    trajectory_length: Array
+    mass: WelfordState
+    acceptance_rate: Array
+    divergences: Array
+    grad_evals: Array
+
+
+def chain_keys(seed: int, chain_indices: Array) -> Array:
+    """Per-chain keys derived from the seed and the global chain index only."""
+    base = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
+    return jax.vmap(lambda i: jax.random.fold_in(base, i))(chain_indices)
+
+
+def initial_positions(seed: int, chain_indices: Array, centre: Array, radius: float) -> Array:
+    """``centre + U(-radius, radius)`` per chain, keyed by the global chain index."""
+    base = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+
+    def one(i):
+        u = jax.random.uniform(jax.random.fold_in(base, i), centre.shape, centre.dtype, -radius, radius)
+        return centre + u
+
+    return jax.vmap(one)(chain_indices)
+
+
+def num_steps_for(config: KernelConfig, iteration: Array, step_size: Array, trajectory_length: Array):
+    """Leapfrog steps for one transition: fixed, or the jittered ``ceil(u T / eps)``."""
+    if config.kind == "hmc" and config.num_steps is not None:
+        return jnp.asarray(config.num_steps, jnp.int32)
+    length = trajectory_length / step_size
+    if config.kind == "chees":
+        length = jnp.ceil(halton(iteration) * length)
+    else:
+        length = jnp.round(length)
+    return jnp.clip(length, 1, config.max_num_steps).astype(jnp.int32)
+
+
+def _transition(logdensity_fn, config, keys, states, params, iteration):
+    kernel = hmc.build_kernel(config.divergence_threshold)
+    n = num_steps_for(config, iteration, params.step_size, params.trajectory_length)
+    draw_keys = jax.vmap(lambda k: jax.random.fold_in(k, iteration))(keys)
+    step = lambda k, s: kernel(k, s, logdensity_fn, params.step_size, params.inverse_mass_matrix, n)
+    return jax.vmap(step)(draw_keys, states)
+
+
+def init_states(logdensity_fn: LogDensityFn, positions: Array) -> hmc.HMCState:
+    """Vmapped ``hmc.init`` over a chunk of flat positions ``(chains, d)``."""
+    return jax.vmap(lambda x: hmc.init(x, logdensity_fn))(positions)
+
+
+def sample_chunk(logdensity_fn: LogDensityFn, config: KernelConfig, num_draws: int):
+    """Return ``run(keys, positions, params, first_iteration) -> (positions, trace)``.
+
+    ``trace`` holds the flat positions ``(chains, draws, d)`` and the per-draw ``sample_stats``
+    (``lp``, ``acceptance_rate``, ``diverging``, ``energy``, ``n_steps``, ``step_size``), each with
+    leading axes ``(chains, draws)``.
+    """
+
+    def run(keys, positions, params: Params, first_iteration):
+        states = init_states(logdensity_fn, positions)
+
+        def body(states, i):
+            states, info = _transition(logdensity_fn, config, keys, states, params, first_iteration + i)
+            stats = {
+                "lp": states.logdensity,
+                "acceptance_rate": info.acceptance_rate,
+                "diverging": info.diverging,
+                "energy": info.energy,
+                "n_steps": info.n_steps,
+                "step_size": info.step_size,
+            }
+            return states, (states.position, stats)
+
+        states, (draws, stats) = jax.lax.scan(body, states, jnp.arange(num_draws))
+        swap = lambda a: jnp.swapaxes(a, 0, 1) if a.ndim >= 2 else jnp.broadcast_to(a, (a.shape[0],))
+        stats = {k: swap(v) if v.ndim >= 2 else jnp.broadcast_to(v[None], (keys.shape[0], num_draws))
+                 for k, v in stats.items()}
+        return states.position, {"position": jnp.swapaxes(draws, 0, 1), **stats}
+
+    return run
+
+
+def find_step_size(logdensity_fn: LogDensityFn, states: hmc.HMCState, inverse_mass_matrix: Array) -> Array:
+    """Largest power-of-two step size whose one-step mean acceptance across the chunk is >= 0.5."""
+    kernel = hmc.build_kernel()
+    candidates = 2.0 ** jnp.arange(4, -30, -1, dtype=states.position.dtype)
+    key = jax.random.PRNGKey(0)
+
+    def mean_acceptance(eps):
+        keys = jax.random.split(key, states.position.shape[0])
+        _, info = jax.vmap(lambda k, s: kernel(k, s, logdensity_fn, eps, inverse_mass_matrix, 1))(keys, states)
+        return jnp.mean(jnp.where(info.diverging, 0.0, info.acceptance_rate))
+
+    ok = jax.lax.map(mean_acceptance, candidates) >= 0.5
+    return jnp.where(ok.any(), candidates[jnp.argmax(ok)], candidates[-1])
+
+
+def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
+    """Return ``run(keys, positions, params, first_iteration, num_iterations, adapt, collect_mass, find_step)``.
+
+    The result is ``(positions, WarmupStats)``. With ``adapt``, the step size follows dual averaging
+    on the chunk's harmonic-mean acceptance and (for ``"chees"``) the trajectory length follows
+    ChEES; with ``collect_mass``, positions from the second half of the round are accumulated for
+    the mass matrix. All counts and flags are traced, so one compiled program serves every round.
+    """
+    da = dual_averaging(config.target_accept)
+    ch = chees_trajectory()
+    wf = welford(config.dense_mass)
+
+    def run(keys, positions, params: Params, first_iteration, num_iterations, adapt, collect_mass, find_step):
+        states = init_states(logdensity_fn, positions)
+        eps0 = jax.lax.cond(
+            find_step | (params.step_size <= 0),
+            lambda: find_step_size(logdensity_fn, states, params.inverse_mass_matrix),
+            lambda: params.step_size.astype(positions.dtype),
+        )
+        traj0 = jnp.where(params.trajectory_length > 0, params.trajectory_length, eps0).astype(positions.dtype)
+        zero = jnp.zeros((), positions.dtype)
+        carry = (states, da.init(eps0), ch.init(traj0), wf.init(positions.shape[1], positions.dtype),
+                 zero, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        keep = lambda flag, new, old: jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
+
+        def body(i, carry):
+            states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = carry
+            eps = jnp.exp(da_state.log_step_size)
+            length = jnp.clip(jnp.exp(ch_state.log_length), eps, config.max_num_steps * eps)
+            p = Params(eps, params.inverse_mass_matrix, length)
+            iteration = first_iteration + i
+            start = states.position
+            states, info = _transition(logdensity_fn, config, keys, states, p, iteration)
+            ok = ~info.diverging
+            harmonic = 1.0 / jnp.mean(jnp.where(ok, 1.0 / jnp.maximum(info.acceptance_rate, 1e-10), 1e10))
+            da_state = keep(adapt, da.update(da_state, jnp.where(jnp.isfinite(harmonic), harmonic, 0.0)), da_state)
+            if config.kind == "chees":
+                new = ch.update(ch_state, halton(iteration), start, info.proposal, info.proposal_velocity,
+                                info.acceptance_rate, info.diverging, params.inverse_mass_matrix)
+                ch_state = keep(adapt, new, ch_state)
+            in_window = collect_mass & (i >= num_iterations // 2)
+            wf_state = keep(in_window, wf.update(wf_state, states.position), wf_state)
+            acc_sum = acc_sum + jnp.mean(info.acceptance_rate)
+            div_sum = div_sum + jnp.sum(info.diverging)
+            grads = grads + info.n_steps[0] * keys.shape[0]
+            return states, da_state, ch_state, wf_state, acc_sum, div_sum, grads
+
+        states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = jax.lax.fori_loop(
+            0, num_iterations, body, carry)
+        eps = jnp.where(adapt, da.final(da_state), eps0)
+        length = ch.final(ch_state) if config.kind == "chees" else params.trajectory_length
+        stats = WarmupStats(eps, length, wf_state, acc_sum / jnp.maximum(num_iterations, 1), div_sum, grads)
+        return states.position, stats
+
+    return run

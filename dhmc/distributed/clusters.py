@@ -1,0 +1,153 @@
+"""Cluster backends: the embedded local cluster, dask-cuda, dask-jobqueue's Slurm, or a given one.
+
+``connect(cluster)`` returns a ``Client`` and a closer; dhmc closes only what it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from contextlib import suppress
+
+from distributed import Client, Scheduler, SpecCluster
+from distributed.deploy.cluster import Cluster
+from distributed.deploy.subprocess import SubprocessWorker
+
+from dhmc.distributed import config
+
+KINDS = ("local", "cuda", "slurm")
+
+
+class ClusterError(RuntimeError):
+    """A cluster that cannot be started or reached."""
+
+
+class PinnedWorker(SubprocessWorker):
+    """A ``dask spec`` worker subprocess pinned to a set of cores.
+
+    Workers started as ``dask`` subprocesses (not multiprocessing children of the user's script)
+    never re-import ``__main__``, so scripts without a main guard work. Pinning makes each added
+    worker add a core instead of competing for XLA's threads.
+    """
+
+    def __init__(self, scheduler: str, cores: list[int] | None = None, **kwargs):
+        self.cores = cores
+        super().__init__(scheduler, **kwargs)
+
+    async def _start(self) -> None:
+        import json
+
+        cmd = [sys.executable, "-m", "dask", "spec", self.scheduler,
+               "--spec", json.dumps({"cls": self.worker_class, "opts": self.worker_kwargs})]
+        cores = self.cores
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores and hasattr(os, "sched_setaffinity") else None
+        self.process = await asyncio.create_subprocess_exec(*cmd, preexec_fn=pin)
+
+
+def available_cores() -> list[int]:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboard_address: str = "127.0.0.1:0",
+                  pin: bool = True, memory_limit=0) -> SpecCluster:
+    """The embedded cluster: an in-process scheduler on loopback and one pinned worker per core."""
+    cores = available_cores()
+    n_workers = n_workers or len(cores)
+    worker_opts = {"nthreads": 1, "host": host, "memory_limit": memory_limit, "silence_logs": 40}
+    workers = {}
+    for i in range(n_workers):
+        mine = [cores[i % len(cores)]] if pin and n_workers <= len(cores) else None
+        workers[f"dhmc-{i}"] = {"cls": PinnedWorker, "options": {
+            "cores": mine, "worker_class": "distributed.Nanny",
+            "worker_kwargs": {**worker_opts, "name": f"dhmc-{i}"}, "name": f"dhmc-{i}"}}
+    scheduler = {"cls": Scheduler, "options": {"host": host, "dashboard_address": dashboard_address}}
+    return SpecCluster(workers=workers, scheduler=scheduler, name="dhmc-local", silence_logs=40)
+
+
+def cuda_cluster(n_workers=None, host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_fraction=0.8,
+                 **kwargs):
+    """``dask_cuda.LocalCUDACluster``: one worker per GPU, JAX confined to its GPU."""
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        raise ClusterError("cluster='cuda' needs dask-cuda: pip install 'dhmc[cuda]'") from None
+    # LocalCUDACluster rotates CUDA_VISIBLE_DEVICES per worker; its env= replaces (not extends) the
+    # environment it passes, so set JAX's variables in this process and let workers inherit them.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("XLA_CLIENT_MEM_FRACTION", str(memory_fraction))
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(memory_fraction))
+    return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1, ip=host,
+                            dashboard_address=dashboard_address, resources={"GPU": 1}, **kwargs)
+
+
+def slurm_cluster(jobs=2, **kwargs):
+    """``dask_jobqueue.SLURMCluster`` with dhmc's config; scaled to ``jobs`` single-worker jobs."""
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        raise ClusterError("cluster='slurm' needs dask-jobqueue: pip install 'dhmc[slurm]'") from None
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    kwargs.setdefault("python", sys.executable)
+    cluster = SLURMCluster(**kwargs)
+    cluster.scale(jobs=jobs)
+    return cluster
+
+
+def expected_workers(cluster) -> int:
+    """How many workers a cluster dhmc started will have."""
+    if isinstance(cluster, SpecCluster) and cluster.worker_spec:
+        return len(cluster.worker_spec)
+    return 1
+
+
+_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://|^[\w.\-]+:\d+$")
+
+
+def connect(cluster=None, options: dict | None = None):
+    """Return ``(client, close)`` for a cluster spec.
+
+    ``cluster`` is None or ``"local"`` (embedded), ``"cuda"``, ``"slurm"``, a scheduler address,
+    a ``Client`` or a ``Cluster``. ``close()`` shuts down only what this call started.
+    """
+    if isinstance(cluster, Client):
+        return cluster, lambda: None
+    if isinstance(cluster, Cluster):
+        client = Client(cluster, set_as_default=False)
+        return client, client.close
+    if cluster is None or cluster in KINDS:
+        kind = cluster or "local"
+        builder = {"local": local_cluster, "cuda": cuda_cluster, "slurm": slurm_cluster}[kind]
+        opts = config.cluster_options(kind, options)
+        started = builder(**opts)
+        client = Client(started, set_as_default=False)
+        n = opts.get("jobs") if kind == "slurm" else expected_workers(started)
+        try:
+            client.wait_for_workers(n or 1, timeout=300 if kind == "slurm" else 120)
+        except Exception:
+            _close(client, started)
+            raise
+        return client, lambda: _close(client, started)
+    if isinstance(cluster, str) and _ADDRESS.search(cluster):
+        timeout = config.get("connect-timeout")
+        try:
+            client = Client(cluster, timeout=timeout, set_as_default=False)
+        except (OSError, TimeoutError) as e:
+            raise ClusterError(f"cannot reach the scheduler at {cluster} within {timeout} s ({e})") from None
+        return client, client.close
+    raise ValueError(f"cluster must be None, one of {', '.join(KINDS)}, a scheduler address, a Client or a "
+                     f"Cluster; got {cluster!r}")
+
+
+def _close(client, cluster):
+    with suppress(Exception):
+        client.close()
+    with suppress(Exception):
+        cluster.close()
+
+
+__all__ = ["connect", "local_cluster", "cuda_cluster", "slurm_cluster", "ClusterError", "KINDS"]

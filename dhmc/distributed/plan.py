@@ -1,0 +1,70 @@
+"""The chunk plan (pure): how an ensemble is cut into blocks of chains x draws, and warmup into rounds.
+
+Nothing here may depend on the number of workers: the plan fixes which chains and iterations
+each block holds, and with it every random number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+WARMUP_FRACTIONS = (0.15, 0.15, 0.25, 0.35, 0.10)  # rounds; the mass matrix is re-estimated after all but the last
+BLOCK_CHAIN_DRAWS = 25_000  # aim for blocks of at least this many chain-draws (>= ~0.5 s of work)
+BLOCK_BYTES = 256 * 2**20  # and at most this much trace per block
+
+
+@dataclass(frozen=True)
+class Plan:
+    chains: int
+    draws: int
+    warmup: int
+    chains_per_task: int
+    draws_per_segment: int
+
+    @property
+    def num_chunks(self) -> int:
+        return math.ceil(self.chains / self.chains_per_task)
+
+    @property
+    def num_segments(self) -> int:
+        return math.ceil(self.draws / self.draws_per_segment)
+
+    def chunk(self, index: int) -> range:
+        """The global chain indices of chunk ``index``."""
+        start = index * self.chains_per_task
+        return range(start, min(start + self.chains_per_task, self.chains))
+
+    def segment(self, index: int) -> range:
+        """The draw indices (0-based, after warmup) of segment ``index``."""
+        start = index * self.draws_per_segment
+        return range(start, min(start + self.draws_per_segment, self.draws))
+
+
+def default_chains_per_task(chains: int, gpu: bool = False) -> int:
+    """Chains per block from the ensemble size alone (never from the worker count).
+
+    On CPUs about 1/8 of the ensemble (16 to 1024 chains) so that a few workers share the load;
+    on GPUs as many as fit comfortably (up to 2**16), since a GPU's throughput grows with the batch.
+    """
+    if gpu:
+        return min(chains, 2**16)
+    target = min(1024, max(16, chains // 8))
+    return math.ceil(chains / math.ceil(chains / min(chains, target)))
+
+
+def default_draws_per_segment(draws: int, chains_per_task: int, bytes_per_draw: int) -> int:
+    """Draws per block: enough work per task, a bounded trace, segments of equal length."""
+    size = max(50, math.ceil(BLOCK_CHAIN_DRAWS / chains_per_task))
+    size = min(size, max(1, BLOCK_BYTES // max(1, chains_per_task * bytes_per_draw)))
+    size = min(draws, size)
+    return math.ceil(draws / math.ceil(draws / size))
+
+
+def warmup_rounds(warmup: int) -> list[int]:
+    """Iterations per warmup round; short warmups get a single round."""
+    if warmup < 100:
+        return [warmup] if warmup > 0 else []
+    sizes = [int(round(f * warmup)) for f in WARMUP_FRACTIONS]
+    sizes[-1] += warmup - sum(sizes)
+    return sizes

@@ -1,0 +1,223 @@
+"""The driver: plans blocks, submits them to a Dask cluster, merges warmup, streams draws to storage.
+
+This is the one module that owns a ``Client``. Blocks are submitted per chunk of chains; each
+chunk's next segment is submitted as soon as its previous one is written, so the store always
+holds a prefix of every chunk and a resume continues exactly where the data ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+
+import cloudpickle
+import numpy as np
+from distributed import as_completed
+
+from dhmc.core.adaptation.welford import WelfordState, welford
+from dhmc.core.ensemble import KernelConfig
+from dhmc.distributed import config
+from dhmc.distributed.plan import Plan, warmup_rounds
+from dhmc.distributed.worker import Job, run_job
+
+RETRYABLE = ("KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that determines the draws (JSON-able; saved in the store to resume)."""
+
+    model: str
+    chains: int
+    draws: int
+    warmup: int
+    seed: int
+    kernel: str
+    step_size: float | None
+    num_steps: int | None
+    trajectory_length: float | None
+    adapt: bool
+    dense_mass: bool
+    target_accept: float
+    chains_per_task: int
+    draws_per_segment: int
+    x64: bool
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(self.chains, self.draws, self.warmup, self.chains_per_task, self.draws_per_segment)
+
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
+                            dense_mass=self.dense_mass)
+
+
+class Runner:
+    """Run one sampling job on a connected client.
+
+    Parameters
+    ----------
+    client
+        A connected ``distributed.Client``.
+    spec
+        The run's :class:`RunSpec`.
+    target
+        A picklable target (see :mod:`dhmc.models`).
+    dim, dtype
+        Size and dtype of the flat unconstrained position.
+    sink
+        Receives ``(chunk, segment, block)`` for every finished sampling block; ``sink.done`` says
+        which blocks exist already (on resume).
+    """
+
+    def __init__(self, client, spec: RunSpec, target, dim: int, dtype, sink, progress=None):
+        self.client, self.spec, self.dim, self.dtype = client, spec, dim, np.dtype(dtype)
+        self.sink, self.progress = sink, progress
+        self.blob = cloudpickle.dumps(target)
+        self.token = hashlib.sha1(self.blob).hexdigest()
+        self.run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
+        self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
+        self.max_retries = int(config.get("allowed-failures"))
+
+    # -- submission ---------------------------------------------------------------------------
+    def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
+        chains = self.spec.plan.chunk(chunk)
+        return Job(self.run_id, self.token, self.blob, self.spec.x64, self.spec.kernel_config, self.spec.seed,
+                   phase, chains.start, chains.stop, first, n, positions, params, **kw)
+
+    def _submit(self, job: Job, key: str):
+        return self.client.submit(run_job, job, key=f"{key}-{uuid.uuid4().hex[:6]}", pure=False, retries=0)
+
+    def _result(self, future, job: Job, key: str):
+        """The future's result, re-submitting a block whose worker died."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                return future.result()
+            except Exception as e:  # noqa: BLE001
+                if type(e).__name__ not in RETRYABLE or attempt == self.max_retries:
+                    raise
+                future = self._submit(job, key)
+        raise AssertionError("unreachable")
+
+    def _account(self, result):
+        self.timing["compile"] = max(self.timing["compile"], result["compile_seconds"])
+
+    # -- warmup -------------------------------------------------------------------------------
+    def warmup(self, positions: np.ndarray, params: dict) -> tuple[np.ndarray, dict, list[dict]]:
+        """Adaptive warmup in rounds; after each round the chunks' statistics are merged in chain order."""
+        spec, plan = self.spec, self.spec.plan
+        start = time.perf_counter()
+        history: list[dict] = []
+        wf = welford(spec.dense_mass, xp=np)
+        rounds = warmup_rounds(spec.warmup) if spec.adapt else [spec.warmup]
+        first = 0
+        for r, n in enumerate(rounds):
+            collect = spec.adapt and r < len(rounds) - 1
+            find_step = spec.adapt and r == 0 and spec.step_size is None
+            jobs = [self._job("warmup", c, first, n, positions[plan.chunk(c).start:plan.chunk(c).stop], params,
+                              adapt=spec.adapt, collect_mass=collect, find_step=find_step)
+                    for c in range(plan.num_chunks)]
+            keys = [f"{self.run_id}-warmup-{r}-{c}" for c in range(plan.num_chunks)]
+            futures = [self._submit(j, k) for j, k in zip(jobs, keys, strict=True)]
+            results = []
+            for c, (f, j, k) in enumerate(zip(futures, jobs, keys, strict=True)):
+                results.append(self._result(f, j, k))
+                self._account(results[-1])
+                if self.progress:
+                    self.progress.warmup(r, len(rounds), c + 1, plan.num_chunks)
+            positions = np.concatenate([res["position"] for res in results])
+            if spec.adapt:
+                params, summary = self._merge(params, results, wf if collect else None)
+            else:
+                summary = {}
+            history.append({"round": r, "iterations": n, **summary})
+            first += n
+        self.timing["warmup"] = time.perf_counter() - start
+        return positions, params, history
+
+    def _merge(self, params, results, wf):
+        weights = np.array([self.spec.plan.chunk(c).stop - self.spec.plan.chunk(c).start
+                            for c in range(len(results))], float)
+        wmean = lambda xs: float(np.dot(weights, xs) / weights.sum())
+        stats = [r["stats"] for r in results]
+        step = np.exp(wmean([np.log(s["step_size"]) for s in stats]))
+        length = np.exp(wmean([np.log(s["trajectory_length"]) for s in stats]))
+        new = dict(params, step_size=np.asarray(step, self.dtype), trajectory_length=np.asarray(length, self.dtype))
+        if wf is not None:
+            merged = None
+            for s in stats:
+                w = WelfordState(**{k: np.asarray(v, np.float64) for k, v in s["mass"].items()})
+                merged = w if merged is None else wf.merge(merged, w)
+            new["inverse_mass_matrix"] = np.asarray(wf.final(merged), self.dtype)
+        summary = {
+            "step_size": float(step),
+            "trajectory_length": float(length),
+            "acceptance_rate": wmean([float(s["acceptance_rate"]) for s in stats]),
+            "divergences": int(sum(int(s["divergences"]) for s in stats)),
+            "grad_evals": int(sum(int(s["grad_evals"]) for s in stats)),
+        }
+        return new, summary
+
+    # -- sampling -----------------------------------------------------------------------------
+    def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict) -> None:
+        """Stream every remaining block to the sink.
+
+        ``start_positions[chunk] = (segment, positions)``: where each chunk continues.
+        """
+        spec, plan = self.spec, self.spec.plan
+        start = time.perf_counter()
+        pending = {}
+        ac = as_completed(loop=self.client.loop)
+
+        def submit(chunk, segment, positions):
+            if segment >= plan.num_segments:
+                return
+            draws = plan.segment(segment)
+            job = self._job("sample", chunk, spec.warmup + draws.start, plan.draws_per_segment, positions, params,
+                            keep_draws=len(draws))
+            key = f"{self.run_id}-sample-{chunk}-{segment}"
+            future = self._submit(job, key)
+            pending[future.key] = (chunk, segment, job, key, future)
+            ac.add(future)
+
+        for chunk, (segment, positions) in sorted(start_positions.items()):
+            submit(chunk, segment, positions)
+        for future in ac:
+            chunk, segment, job, key, original = pending.pop(future.key)
+            result = self._result(future, job, key)
+            self._account(result)
+            t = time.perf_counter()
+            self.sink.write(chunk, segment, result)
+            self.timing["writing"] += time.perf_counter() - t
+            submit(chunk, segment + 1, result["position"])
+            if self.progress:
+                self.progress.block(len(job.positions) * job.keep_draws, result)
+        self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
+
+
+def spec_to_attrs(spec: RunSpec) -> dict:
+    return asdict(spec)
+
+
+def spec_from_attrs(attrs: dict) -> RunSpec:
+    return RunSpec(**attrs)
+
+
+def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
+    """Starting parameters: the user's, or placeholders that warmup replaces."""
+    step = spec.step_size if spec.step_size is not None else -1.0
+    if spec.trajectory_length is not None:
+        length = spec.trajectory_length
+    elif spec.num_steps is not None and spec.step_size is not None:
+        length = spec.step_size * spec.num_steps
+    else:
+        length = -1.0
+    inv_mass = np.eye(dim, dtype=dtype) if spec.dense_mass else np.ones(dim, dtype)
+    return {"step_size": np.asarray(step, dtype), "inverse_mass_matrix": inv_mass,
+            "trajectory_length": np.asarray(length, dtype)}
+
+
+__all__ = ["Runner", "RunSpec", "initial_params", "spec_to_attrs", "spec_from_attrs", "replace"]

@@ -1,0 +1,135 @@
+"""What runs on a worker: one block of the ensemble, with the model and program cached per process.
+
+A task carries the pickled target and a token; the first task of a run on a worker unpickles and
+compiles it, later tasks reuse the compiled program (a jitted closure shipped per task would
+re-trace every time).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
+
+_MODELS: dict[str, Any] = {}
+_PROGRAMS: dict[tuple, Any] = {}
+_CACHE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class Job:
+    """One block: chains ``[chain_start, chain_stop)`` for ``num_iterations`` iterations."""
+
+    run_id: str
+    model_token: str
+    model_blob: bytes = field(repr=False)
+    x64: bool
+    config: KernelConfig
+    seed: int
+    phase: str  # "warmup" (adapting, or burn-in with fixed parameters when not adapt) or "sample"
+    chain_start: int
+    chain_stop: int
+    first_iteration: int
+    num_iterations: int
+    positions: np.ndarray = field(repr=False)
+    params: dict = field(repr=False)
+    keep_draws: int = 0  # sample phase: draws kept; the last segment runs a full segment and keeps fewer
+    adapt: bool = True
+    collect_mass: bool = False
+    find_step: bool = False
+
+
+def _enable_compilation_cache() -> None:
+    """Share compiled programs between worker processes and runs through JAX's persistent cache."""
+    import os
+
+    if jax.config.jax_compilation_cache_dir is None and os.environ.get("DHMC_COMPILATION_CACHE", "1") != "0":
+        path = os.environ.get("DHMC_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "dhmc", "jax"))
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def load_model(token: str, blob: bytes):
+    """The target's flat model, unpickled and built once per process."""
+    if token not in _MODELS:
+        _MODELS[token] = cloudpickle.loads(blob).build()
+    return _MODELS[token]
+
+
+def _program(job: Job, model, args):
+    key = (job.model_token, job.x64, job.config, job.phase, None if job.phase == "warmup" else job.num_iterations,
+           tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)))
+    if key in _PROGRAMS:
+        return _PROGRAMS[key], 0.0
+    if job.phase == "warmup":
+        run = warmup_chunk(model.logdensity_fn, job.config)
+
+        def program(seed, chains, positions, params, first, n, adapt, collect, find_step):
+            return run(chain_keys(seed, chains), positions, params, first, n, adapt, collect, find_step)
+    else:
+        run = sample_chunk(model.logdensity_fn, job.config, job.num_iterations)
+
+        def program(seed, chains, positions, params, first):
+            end, trace = run(chain_keys(seed, chains), positions, params, first)
+            position = trace.pop("position")
+            constrained = jax.vmap(jax.vmap(model.constrain_fn))(position)
+            return end, {"posterior": constrained, "sample_stats": trace}
+
+    start = time.perf_counter()
+    compiled = jax.jit(program).lower(*args).compile()
+    if len(_PROGRAMS) >= _CACHE_SIZE:
+        _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    _PROGRAMS[key] = compiled
+    return compiled, time.perf_counter() - start
+
+
+def run_job(job: Job) -> dict:
+    """Run one block and return NumPy arrays (the task blocks until the device is done)."""
+    jax.config.update("jax_enable_x64", job.x64)
+    _enable_compilation_cache()
+    model = load_model(job.model_token, job.model_blob)
+    dtype = model.dtype
+    params = Params(*(jnp.asarray(job.params[k], dtype) for k in Params._fields))
+    chains = jnp.arange(job.chain_start, job.chain_stop, dtype=jnp.uint32)
+    args = (jnp.uint32(job.seed), chains, jnp.asarray(job.positions, dtype), params, jnp.int32(job.first_iteration))
+    if job.phase == "warmup":
+        args += (jnp.int32(job.num_iterations), jnp.bool_(job.adapt), jnp.bool_(job.collect_mass),
+                 jnp.bool_(job.find_step))
+    program, compile_seconds = _program(job, model, args)
+    start = time.perf_counter()
+    end, out = jax.tree.map(np.asarray, program(*args))
+    seconds = time.perf_counter() - start
+    result = {"position": end, "seconds": seconds, "compile_seconds": compile_seconds}
+    n = job.chain_stop - job.chain_start
+    if job.phase == "warmup":
+        result["stats"] = out._asdict() | {"mass": out.mass._asdict()}
+        grad_evals, acceptance, divergences = int(out.grad_evals), float(out.acceptance_rate), int(out.divergences)
+    else:
+        kept = job.keep_draws
+        result["posterior"] = {k: v[:, :kept] for k, v in out["posterior"].items()}
+        result["sample_stats"] = stats = {k: v[:, :kept] for k, v in out["sample_stats"].items()}
+        grad_evals = int(stats["n_steps"][0].sum()) * n
+        acceptance = float(stats["acceptance_rate"].mean())
+        divergences = int(stats["diverging"].sum())
+    _record(job, n, grad_evals, seconds, compile_seconds, acceptance, divergences)
+    return result
+
+
+def _record(job, chains, grad_evals, seconds, compile_seconds, acceptance, divergences):
+    try:
+        from dhmc.observe.metrics import record_block
+    except ImportError:
+        return
+    try:
+        record_block(run_id=job.run_id, phase=job.phase, chains=chains, draws=job.num_iterations,
+                     grad_evals=grad_evals, seconds=seconds, compile_seconds=compile_seconds,
+                     acceptance_mean=acceptance, divergences=divergences)
+    except Exception:  # noqa: BLE001 - metrics must never fail a block
+        pass

@@ -1,0 +1,50 @@
+"""What every target becomes: a flat unconstrained log density plus a way back to named variables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from dhmc.types import Array
+
+
+@dataclass(frozen=True)
+class FlatModel:
+    """A target as the core sees it.
+
+    Attributes
+    ----------
+    logdensity_fn
+        Log density of one chain's flat unconstrained position of shape ``(dim,)``.
+    constrain_fn
+        Flat position -> dict of named, constrained variables (deterministic sites included).
+    dim
+        Length of the flat position.
+    dtype
+        Floating dtype of the position.
+    centre, radius
+        Chains start at ``centre + U(-radius, radius)`` unless an explicit init is given.
+    """
+
+    logdensity_fn: Callable[[Array], Array]
+    constrain_fn: Callable[[Array], dict[str, Array]]
+    dim: int
+    dtype: Any
+    centre: np.ndarray
+    radius: float
+    observed_data: dict[str, np.ndarray] = field(default_factory=dict)
+    constant_data: dict[str, np.ndarray] = field(default_factory=dict)
+    dims: dict[str, list[str]] = field(default_factory=dict)
+    coords: dict[str, list] = field(default_factory=dict)
+
+
+class Target(Protocol):
+    """A picklable description of a model that workers turn into a :class:`FlatModel`."""
+
+    name: str
+
+    def build(self) -> FlatModel:
+        """Build the flat model (jax arrays, closures) in the current process."""

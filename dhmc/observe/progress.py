@@ -1,0 +1,33 @@
+"""A one-line progress report on stderr: blocks done, draws/s across workers, the dashboard link."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    """Prints ``dhmc: warmup round 2/5 | sampling 12/40 blocks, 51,200 chain-draws/s`` in place."""
+
+    def __init__(self, total_blocks: int, dashboard: str | None, stream=sys.stderr):
+        self.total, self.done, self.stream = total_blocks, 0, stream
+        self.start = time.perf_counter()
+        self.chain_draws = 0
+        if dashboard:
+            print(f"dhmc: dashboard {dashboard}", file=stream, flush=True)
+
+    def _show(self, text: str) -> None:
+        print(f"\rdhmc: {text}\033[K", end="", file=self.stream, flush=True)
+
+    def warmup(self, round_index: int, rounds: int, chunks_done: int, chunks: int) -> None:
+        self._show(f"warmup round {round_index + 1}/{rounds}, {chunks_done}/{chunks} blocks")
+        self.start = time.perf_counter()
+
+    def block(self, chain_draws: int, result: dict) -> None:
+        self.done += 1
+        self.chain_draws += chain_draws
+        rate = self.chain_draws / max(time.perf_counter() - self.start, 1e-9)
+        self._show(f"sampling {self.done}/{self.total} blocks, {rate:,.0f} chain-draws/s")
+
+    def close(self) -> None:
+        print(file=self.stream, flush=True)

@@ -1,0 +1,172 @@
+"""Zarr stores of a run: create the layout, write one block, find which blocks are done, open lazily.
+
+One Zarr group per ArviZ group plus an internal group ``dhmc`` holding, per block, the end
+position of each chain (to continue the next segment bitwise) and a done flag written only
+after the block's data. Arrays are chunked as blocks, so each block is written by one writer,
+exactly once, into chunks nobody else touches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+import zarr
+
+from dhmc.storage.schema import Layout, VariableSpec
+
+INTERNAL = "dhmc"
+
+
+class StoreError(ValueError):
+    """A path that is not a usable dhmc store."""
+
+
+def _fill(dtype: str):
+    kind = np.dtype(dtype).kind
+    return np.nan if kind == "f" else (False if kind == "b" else 0)
+
+
+def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an existing store (unless ``overwrite``) or a parent folder we cannot write."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write the store {path}: {parent} is not writable")
+
+
+def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, observed: dict | None = None,
+                 overwrite: bool = False) -> zarr.Group:
+    """Create an empty store for ``layout``; ``attrs`` (JSON-able) go on the root and every group."""
+    check_writable(path, overwrite)
+    if overwrite and Path(path).exists():
+        import shutil
+
+        shutil.rmtree(path)
+    root = zarr.open_group(str(path), mode="w-", zarr_format=3)
+    root.attrs.update({**attrs, "dhmc_layout": _layout_to_json(layout)})
+    cpt, dps = layout.chains_per_task, layout.draws_per_segment
+    for group, specs in layout.groups().items():
+        g = root.create_group(group, attributes=attrs)
+        extra_dims = {d for s in specs.values() for d in s.dims}
+        for name, values in layout.coords_for(["chain", "draw", *sorted(extra_dims)]).items():
+            g.create_array(name, data=values, dimension_names=[name])
+        for name, spec in specs.items():
+            g.create_array(
+                name,
+                shape=(layout.chains, layout.draws, *spec.shape),
+                chunks=(cpt, dps, *spec.shape),
+                dtype=spec.dtype,
+                fill_value=_fill(spec.dtype),
+                dimension_names=["chain", "draw", *spec.dims],
+            )
+    if observed:
+        g = root.create_group("observed_data", attributes=attrs)
+        for name, value in observed.items():
+            value = np.asarray(value)
+            dims = [f"{name}_dim_{i}" for i in range(value.ndim)]
+            for d, n in zip(dims, value.shape, strict=True):
+                g.create_array(d, data=np.arange(n), dimension_names=[d])
+            g.create_array(name, data=value, dimension_names=dims)
+    internal = root.create_group(INTERNAL)
+    internal.create_array("done", shape=(layout.num_chunks, layout.num_segments), chunks=(1, 1), dtype="uint8",
+                          fill_value=0, dimension_names=["chunk", "segment"])
+    internal.create_array("position", shape=(layout.chains, layout.num_segments, dim), chunks=(cpt, 1, dim),
+                          dtype=str(np.dtype(float_dtype)), fill_value=np.nan,
+                          dimension_names=["chain", "segment", "unconstrained"])
+    return root
+
+
+def write_block(root: zarr.Group, layout: Layout, chunk: int, segment: int, block: dict) -> None:
+    """Write one block (``posterior``, ``sample_stats`` dicts and ``position``), then mark it done."""
+    c0 = chunk * layout.chains_per_task
+    d0 = segment * layout.draws_per_segment
+    for group in ("posterior", "sample_stats"):
+        for name, values in block[group].items():
+            root[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
+    position = block["position"]
+    root[f"{INTERNAL}/position"][c0:c0 + position.shape[0], segment] = position
+    root[f"{INTERNAL}/done"][chunk, segment] = 1
+
+
+def blocks_done(root: zarr.Group) -> np.ndarray:
+    """Boolean ``(chunks, segments)``: which blocks are completely on disk."""
+    return root[f"{INTERNAL}/done"][...].astype(bool)
+
+
+def segment_start_positions(root: zarr.Group, segment: int, chains: slice) -> np.ndarray:
+    """End positions of the previous segment, where the given segment starts."""
+    return root[f"{INTERNAL}/position"][chains, segment - 1]
+
+
+def save_warmup(root: zarr.Group, positions: np.ndarray, params: dict, history: list[dict]) -> None:
+    """Keep the adapted parameters and post-warmup positions, so a resume skips warmup."""
+    arr = root[INTERNAL].create_array("warmup_position", data=positions, chunks=positions.shape,
+                                      dimension_names=["chain", "unconstrained"], overwrite=True)
+    del arr
+    root.attrs.update({"dhmc_params": {k: np.asarray(v).tolist() for k, v in params.items()},
+                       "dhmc_warmup": history})
+
+
+def load_warmup(root: zarr.Group, dtype) -> tuple[np.ndarray, dict] | None:
+    """The post-warmup positions and parameters, or None if warmup did not finish."""
+    if "dhmc_params" not in root.attrs or "warmup_position" not in root[INTERNAL]:
+        return None
+    params = {k: np.asarray(v, dtype=dtype) for k, v in root.attrs["dhmc_params"].items()}
+    return root[f"{INTERNAL}/warmup_position"][...], params
+
+
+def open_store(path) -> tuple[zarr.Group, Layout]:
+    """Open a dhmc store for resuming; raises :class:`StoreError` saying what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise StoreError(f"{path} does not exist: not a dhmc store")
+    try:
+        root = zarr.open_group(str(path), mode="r+")
+        attrs = dict(root.attrs)
+    except Exception as e:  # noqa: BLE001 - any failure to read the root means not a store
+        raise StoreError(f"{path} is not a dhmc store ({type(e).__name__}: {e})") from None
+    if attrs.get("inference_library") != "dhmc" or "dhmc_layout" not in attrs:
+        raise StoreError(f"{path} is not a dhmc store (no dhmc run spec in its attributes)")
+    layout = _layout_from_json(attrs["dhmc_layout"])
+    for group, specs in layout.groups().items():
+        for name in [*specs, "chain", "draw"]:
+            _check_array(root, f"{group}/{name}", path)
+    for name in ("done", "position"):
+        _check_array(root, f"{INTERNAL}/{name}", path)
+    return root, layout
+
+
+def _check_array(root, key, path):
+    try:
+        root[key]
+    except Exception as e:  # noqa: BLE001
+        raise StoreError(f"store {path} is broken: cannot read {key} ({type(e).__name__})") from None
+
+
+def open_trace(path) -> xr.DataTree:
+    """Open a store lazily as an ArviZ-layout ``xarray.DataTree`` (internal bookkeeping left out)."""
+    tree = xr.open_datatree(str(path), engine="zarr", consolidated=False)
+    return tree.drop_nodes(INTERNAL)
+
+
+def _layout_to_json(layout: Layout) -> dict:
+    return json.loads(json.dumps(asdict(layout)))
+
+
+def _layout_from_json(d: dict) -> Layout:
+    spec = lambda v: VariableSpec(tuple(v["shape"]), v["dtype"], tuple(v["dims"]))
+    return Layout(
+        d["chains"], d["draws"], d["chains_per_task"], d["draws_per_segment"],
+        {k: spec(v) for k, v in d["posterior"].items()},
+        {k: spec(v) for k, v in d["sample_stats"].items()},
+        d.get("coords", {}),
+    )
