@@ -1,8 +1,29 @@
-"""dhmc: Dask-distributed ensemble Hamiltonian Monte Carlo in JAX."""
+"""dhmc: Dask-distributed ensemble Hamiltonian Monte Carlo in JAX.
 
-from dhmc import models
-from dhmc.api import open_trace, resume, sample
+Names are imported lazily, so that Dask processes unpickling dhmc's plugins (a scheduler, say)
+do not import JAX.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["sample", "resume", "open_trace", "models", "__version__"]
+_LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "open_trace": "dhmc.api", "models": "dhmc.models",
+         "diagnostics": "dhmc.diagnostics"}
+
+__all__ = ["sample", "resume", "open_trace", "models", "diagnostics", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__ == f"dhmc.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dhmc' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -189,7 +189,7 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
             in_window = collect_mass & (i >= num_iterations // 2)
             wf_state = keep(in_window, wf.update(wf_state, states.position), wf_state)
             acc_sum = acc_sum + jnp.mean(info.acceptance_rate)
-            div_sum = div_sum + jnp.sum(info.diverging)
+            div_sum = div_sum + jnp.sum(info.diverging, dtype=jnp.int32)
             grads = grads + info.n_steps[0] * keys.shape[0]
             return states, da_state, ch_state, wf_state, acc_sum, div_sum, grads
 

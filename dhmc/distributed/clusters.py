@@ -38,12 +38,14 @@ class PinnedWorker(SubprocessWorker):
 
     async def _start(self) -> None:
         import json
+        import shutil
 
         cmd = [sys.executable, "-m", "dask", "spec", self.scheduler,
                "--spec", json.dumps({"cls": self.worker_class, "opts": self.worker_kwargs})]
-        cores = self.cores
-        pin = (lambda: os.sched_setaffinity(0, cores)) if cores and hasattr(os, "sched_setaffinity") else None
-        self.process = await asyncio.create_subprocess_exec(*cmd, preexec_fn=pin)
+        taskset = shutil.which("taskset")
+        if self.cores and taskset:  # pin by exec, not preexec_fn: no fork hooks in a JAX process
+            cmd = [taskset, "-c", ",".join(map(str, self.cores)), *cmd]
+        self.process = await asyncio.create_subprocess_exec(*cmd)
 
 
 def available_cores() -> list[int]:
@@ -78,10 +80,10 @@ def cuda_cluster(n_workers=None, host="127.0.0.1", dashboard_address="127.0.0.1:
         raise ClusterError("cluster='cuda' needs dask-cuda: pip install 'dhmc[cuda]'") from None
     # LocalCUDACluster rotates CUDA_VISIBLE_DEVICES per worker; its env= replaces (not extends) the
     # environment it passes, so set JAX's variables in this process and let workers inherit them.
+    os.environ.setdefault("JAX_CUDA_VISIBLE_DEVICES", "0")  # each worker's first visible GPU is its own
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_CLIENT_MEM_FRACTION", str(memory_fraction))
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(memory_fraction))
-    return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1, ip=host,
+    return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1, host=host,
                             dashboard_address=dashboard_address, resources={"GPU": 1}, **kwargs)
 
 

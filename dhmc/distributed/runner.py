@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import cloudpickle
 import numpy as np
@@ -74,9 +74,15 @@ class Runner:
     """
 
     def __init__(self, client, spec: RunSpec, target, dim: int, dtype, sink, progress=None):
+        from dhmc.observe.convergence import RunningConvergence
+
         self.client, self.spec, self.dim, self.dtype = client, spec, dim, np.dtype(dtype)
+        plan = spec.plan
+        self.convergence = RunningConvergence(plan.chains, plan.num_segments, plan.chains_per_task)
+        self.started = time.perf_counter()
+        self.blocks_done = 0
         self.sink, self.progress = sink, progress
-        self.blob = cloudpickle.dumps(target)
+        self.blob = _pickle(target)
         self.token = hashlib.sha1(self.blob).hexdigest()
         self.run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
@@ -161,6 +167,24 @@ class Runner:
         }
         return new, summary
 
+    def _publish(self, chunk, segment, result) -> None:
+        """Progress and running convergence for the dashboard's /dhmc page; never fails the run."""
+        plan = self.spec.plan
+        self.blocks_done += 1
+        try:
+            from dhmc.observe.dashboard import publish_progress
+
+            self.convergence.add(chunk, segment, result["posterior"])
+            publish_progress(self.client, {
+                "run_id": self.run_id, "phase": "sampling", "blocks_done": self.blocks_done,
+                "blocks_total": plan.num_chunks * plan.num_segments, "chains": plan.chains,
+                "draws_done": self.blocks_done * plan.chains_per_task * plan.draws_per_segment,
+                "draws_total": plan.chains * plan.draws, "elapsed_s": time.perf_counter() - self.started,
+                "convergence": self.convergence.report(),
+            })
+        except Exception:  # noqa: BLE001 - observability never stops a run
+            pass
+
     # -- sampling -----------------------------------------------------------------------------
     def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict) -> None:
         """Stream every remaining block to the sink.
@@ -193,17 +217,34 @@ class Runner:
             self.sink.write(chunk, segment, result)
             self.timing["writing"] += time.perf_counter() - t
             submit(chunk, segment + 1, result["position"])
+            self._publish(chunk, segment, result)
             if self.progress:
                 self.progress.block(len(job.positions) * job.keep_draws, result)
         self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
 
 
-def spec_to_attrs(spec: RunSpec) -> dict:
-    return asdict(spec)
+def _pickle(target) -> bytes:
+    """Pickle a target, shipping the user's own modules by value (workers may not be able to import them)."""
+    import sys
+    import sysconfig
 
-
-def spec_from_attrs(attrs: dict) -> RunSpec:
-    return RunSpec(**attrs)
+    library = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], sys.prefix + "/lib")
+    modules = []
+    for fn in (getattr(target, "logdensity_fn", None), getattr(target, "model", None),
+               getattr(getattr(target, "target", None), "logdensity_fn", None),
+               getattr(getattr(target, "target", None), "model", None)):
+        name = getattr(fn, "__module__", None)
+        module = sys.modules.get(name) if name else None
+        path = getattr(module, "__file__", None) or ""
+        if module and name != "__main__" and not name.startswith("dhmc") and not path.startswith(library):
+            modules.append(module)
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(target)
+    finally:
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)
 
 
 def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
@@ -220,4 +261,4 @@ def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
             "trajectory_length": np.asarray(length, dtype)}
 
 
-__all__ = ["Runner", "RunSpec", "initial_params", "spec_to_attrs", "spec_from_attrs", "replace"]
+__all__ = ["Runner", "RunSpec", "initial_params"]

@@ -39,7 +39,8 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
     parent = path.absolute().parent
     while not parent.exists():
         parent = parent.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
+    # A folder without write bits counts as read-only even for root, who could write it anyway.
+    if not os.access(parent, os.W_OK | os.X_OK) or not parent.stat().st_mode & 0o222:
         raise PermissionError(f"cannot write the store {path}: {parent} is not writable")
 
 
@@ -109,9 +110,8 @@ def segment_start_positions(root: zarr.Group, segment: int, chains: slice) -> np
 
 def save_warmup(root: zarr.Group, positions: np.ndarray, params: dict, history: list[dict]) -> None:
     """Keep the adapted parameters and post-warmup positions, so a resume skips warmup."""
-    arr = root[INTERNAL].create_array("warmup_position", data=positions, chunks=positions.shape,
-                                      dimension_names=["chain", "unconstrained"], overwrite=True)
-    del arr
+    root[INTERNAL].create_array("warmup_position", data=positions, chunks=positions.shape,
+                                dimension_names=["chain", "unconstrained"], overwrite=True)
     root.attrs.update({"dhmc_params": {k: np.asarray(v).tolist() for k, v in params.items()},
                        "dhmc_warmup": history})
 

@@ -1,0 +1,5 @@
+import sys
+
+from dhmc.cli import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""The ``dhmc`` command: thin parsing around the public API; user mistakes exit 2 with one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+ERRORS = (ValueError, TypeError, FileExistsError, PermissionError, FileNotFoundError, RuntimeError, OSError)
+
+
+def _cluster_option(text: str):
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    import yaml
+
+    return key, yaml.safe_load(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dhmc", description="Dask-distributed ensemble HMC.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("sample", help="sample a built-in model into a Zarr store")
+    s.add_argument("model", help="a built-in model name (see `dhmc models`)")
+    s.add_argument("--chains", type=int, default=1024)
+    s.add_argument("--draws", type=int, default=1000)
+    s.add_argument("--warmup", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--chains-per-task", type=int, default=None)
+    s.add_argument("--kernel", default="chees", help="chees (default) or hmc")
+    s.add_argument("--step-size", type=float, default=None)
+    s.add_argument("--num-steps", type=int, default=None)
+    s.add_argument("--trajectory-length", type=float, default=None)
+    s.add_argument("--no-adapt", dest="adapt", action="store_false")
+    s.add_argument("--dense-mass", action="store_true")
+    s.add_argument("--target-accept", type=float, default=0.8)
+    s.add_argument("--out", required=True, help="Zarr store to write")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    _cluster_args(s)
+
+    r = sub.add_parser("resume", help="continue an interrupted run from its store")
+    r.add_argument("store")
+    _cluster_args(r)
+
+    m = sub.add_parser("summary", help="diagnostics of a store: means, R-hat, ESS, divergences")
+    m.add_argument("store")
+
+    sub.add_parser("models", help="list the built-in models")
+
+    sc = sub.add_parser("scale", help="strong or weak scaling study, or time vs chains on one worker")
+    sc.add_argument("kind", choices=["strong", "weak", "chains"])
+    sc.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    sc.add_argument("--chains", default=None, help="total chains (strong) or a comma-separated list (chains)")
+    sc.add_argument("--chains-per-worker", type=int, default=None, help="chains per worker (weak)")
+    sc.add_argument("--draws", type=int, default=400)
+    sc.add_argument("--model", default="gaussian_2d")
+    sc.add_argument("--repeat", type=int, default=3)
+    sc.add_argument("--out", required=True, help="folder for scaling.json and the plots")
+    _cluster_args(sc, progress=False)
+    return p
+
+
+def _cluster_args(p, progress=True):
+    p.add_argument("--cluster", default=None, help="local (default), cuda, slurm or a scheduler address")
+    p.add_argument("--cluster-option", action="append", type=_cluster_option, default=[], metavar="KEY=VALUE",
+                   help="override an option of dhmc.cluster.<kind> in dask config")
+    if progress:
+        p.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        store = getattr(args, "out", None) or getattr(args, "store", None)
+        hint = f"; the store is resumable: dhmc resume {store}" if store and args.command != "scale" else ""
+        print(f"dhmc: interrupted{hint}", file=sys.stderr)
+        return 130
+    except ERRORS as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"dhmc: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _sample(args) -> int:
+    import dhmc
+
+    trace = dhmc.sample(args.model, chains=args.chains, draws=args.draws, warmup=args.warmup, seed=args.seed,
+                        kernel=args.kernel, step_size=args.step_size, num_steps=args.num_steps,
+                        trajectory_length=args.trajectory_length, adapt=args.adapt, dense_mass=args.dense_mass,
+                        target_accept=args.target_accept, chains_per_task=args.chains_per_task, store=args.out,
+                        overwrite=args.overwrite, cluster=args.cluster, cluster_options=dict(args.cluster_option),
+                        progress=args.progress)
+    _print_result(trace, args.out)
+    return 0
+
+
+def _resume(args) -> int:
+    import dhmc
+
+    trace = dhmc.resume(args.store, cluster=args.cluster, cluster_options=dict(args.cluster_option),
+                        progress=args.progress)
+    _print_result(trace, args.store)
+    return 0
+
+
+def _print_result(trace, store) -> None:
+    import json
+
+    timing = json.loads(trace["posterior"].attrs.get("dhmc_timing", "{}"))
+    post = trace["posterior"]
+    means = ", ".join(f"{k}={v.mean(('chain', 'draw')).values.round(4).tolist()}" for k, v in post.data_vars.items())
+    size = f"{post.sizes['chain']} chains x {post.sizes['draw']} draws"
+    print(f"wrote {store}: {size} in {timing.get('total', 0):.1f} s; posterior means {means}")
+
+
+def _summary(args) -> int:
+    import pandas as pd
+
+    from dhmc import diagnostics, open_trace
+    from dhmc.storage.zarr_ import open_store
+
+    open_store(args.store)  # a clear error for a missing or broken store
+    trace = open_trace(args.store)
+    table = diagnostics.summary(trace)
+    with pd.option_context("display.max_rows", 200, "display.width", 160):
+        print(table.round(4).to_string())
+    print(f"divergences: {diagnostics.divergences(trace)}; E-BFMI (min over chains): "
+          f"{diagnostics.ebfmi(trace).min():.3f}")
+    for warning in diagnostics.check(trace, table):
+        print(f"warning: {warning}")
+    return 0
+
+
+def _models(args) -> int:
+    from dhmc.models.examples import DESCRIPTIONS
+
+    for name, text in DESCRIPTIONS.items():
+        print(f"{name:22s} {text}")
+    return 0
+
+
+def _scale(args) -> int:
+    from dhmc.observe.scaling import run_study
+
+    ints = lambda text: [int(v) for v in str(text).split(",")] if text else None
+    chains = ints(args.chains)
+    result = run_study(args.kind, ints(args.workers), chains=chains[0] if chains and args.kind != "chains" else None,
+                       chains_per_worker=args.chains_per_worker, draws=args.draws, model=args.model,
+                       cluster=args.cluster, repeat=args.repeat, out=args.out,
+                       chains_list=chains if args.kind == "chains" else None)
+    for run in result["runs"]:
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in run.items()))
+    print(f"wrote {args.out}/scaling.json")
+    return 0
+
+
+_COMMANDS = {"sample": _sample, "resume": _resume, "summary": _summary, "models": _models, "scale": _scale}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Convergence diagnostics of a trace: ArviZ's where it has them, nested R-hat and checks of dhmc's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+
+def nested_rhat(draws: np.ndarray, superchains: int) -> float:
+    """Nested R-hat (Margossian et al. 2024) of ``draws`` with shape ``(chains, draws)``.
+
+    Chains are grouped in order into ``superchains`` groups of equal size. It stays meaningful for
+    many short chains, where split R-hat needs long ones.
+    """
+    chains, n = draws.shape
+    if superchains < 2 or chains % superchains:
+        raise ValueError(f"{chains} chains cannot be split into {superchains} superchains of equal size")
+    x = draws.reshape(superchains, chains // superchains, n)
+    chain_means = x.mean(axis=2)
+    super_means = chain_means.mean(axis=1)
+    between = super_means.var(ddof=1)
+    m = x.shape[1]
+    between_chains = chain_means.var(axis=1, ddof=1) if m > 1 else np.zeros(superchains)
+    within_chains = x.var(axis=2, ddof=1).mean(axis=1) if n > 1 else np.zeros(superchains)
+    within = (between_chains + within_chains).mean()
+    return float(np.sqrt(1.0 + between / within)) if within > 0 else float("nan")
+
+
+def summary(trace: xr.DataTree, var_names=None, superchains: int | None = None):
+    """ArviZ's summary (means, sds, HDIs, MCSE, bulk/tail ESS, rank-normalised split R-hat) plus nested R-hat.
+
+    ``superchains`` defaults to the run's blocks of ``chains_per_task`` chains (when there are at
+    least two), else 4 groups.
+    """
+    import arviz as az
+
+    posterior = _posterior(trace, var_names)
+    table = az.summary(posterior, kind="all", round_to="none")
+    chains = posterior.sizes["chain"]
+    k = superchains or _default_superchains(trace, chains)
+    if k and k >= 2 and chains % k == 0 and chains >= 2 * k:
+        values = []
+        for var in posterior.data_vars.values():
+            flat = var.values.reshape(chains, posterior.sizes["draw"], -1)
+            for i in range(flat.shape[-1]):
+                values.append(nested_rhat(flat[..., i], k))
+        table["nested_r_hat"] = values
+    return table
+
+
+def ebfmi(trace: xr.DataTree) -> np.ndarray:
+    """Energy Bayesian fraction of missing information, per chain."""
+    energy = np.asarray(trace["sample_stats"]["energy"].values, float)
+    return np.square(np.diff(energy, axis=1)).mean(axis=1) / energy.var(axis=1)
+
+
+def divergences(trace: xr.DataTree) -> int:
+    """Number of divergent transitions after warmup."""
+    return int(np.asarray(trace["sample_stats"]["diverging"].values).sum())
+
+
+def check(trace: xr.DataTree, table=None) -> list[str]:
+    """Plain-language warnings: R-hat, nested R-hat, ESS, divergences, E-BFMI. Empty if all look fine."""
+    table = summary(trace) if table is None else table
+    warnings = []
+    bad = table.index[table["r_hat"] > 1.01].tolist()
+    if bad:
+        warnings.append(f"R-hat above 1.01 for {', '.join(bad[:8])}: chains disagree; sample longer")
+    if "nested_r_hat" in table:
+        bad = table.index[table["nested_r_hat"] > 1.01].tolist()
+        if bad:
+            warnings.append(f"nested R-hat above 1.01 for {', '.join(bad[:8])}")
+    low = table.index[table["ess_bulk"] < 400].tolist()
+    if low:
+        warnings.append(f"bulk ESS below 400 for {', '.join(low[:8])}")
+    n = divergences(trace)
+    if n:
+        total = trace["sample_stats"]["diverging"].size
+        warnings.append(f"{n} divergent transitions ({100 * n / total:.2g}% of draws): the posterior may be biased; "
+                        "reparameterise or raise target_accept")
+    low_bfmi = int((ebfmi(trace) < 0.3).sum())
+    if low_bfmi:
+        warnings.append(f"E-BFMI below 0.3 in {low_bfmi} chains: momentum resampling explores energy poorly")
+    return warnings
+
+
+def _posterior(trace, var_names):
+    posterior = trace["posterior"].to_dataset() if isinstance(trace, xr.DataTree) else trace.posterior
+    if var_names:
+        posterior = posterior[list(var_names)]
+    return posterior
+
+
+def _default_superchains(trace, chains):
+    import json
+
+    try:
+        cpt = json.loads(trace["posterior"].attrs["dhmc_run_spec"])["chains_per_task"]
+    except (KeyError, ValueError, TypeError):
+        return 4
+    k = chains // cpt
+    return k if k >= 2 else 4
