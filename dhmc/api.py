@@ -198,8 +198,8 @@ def _initial_positions(model: FlatModel, name, batched, seed, chains) -> np.ndar
         positions = np.stack([np.asarray(ravel_pytree(jax.tree.map(lambda a, i=i: jnp.asarray(a)[i], batched))[0],
                                          model.dtype) for i in range(chains)])
     else:
-        positions = np.asarray(initial_positions(seed, jnp.arange(chains, dtype=jnp.uint32),
-                                                 jnp.asarray(model.centre, model.dtype), model.radius))
+        positions = np.array(initial_positions(seed, jnp.arange(chains, dtype=jnp.uint32),
+                                               jnp.asarray(model.centre, model.dtype), model.radius))
     logdensity = _evaluate(model, name, positions)
     bad = ~np.isfinite(logdensity)
     if bad.any() and batched is None:

@@ -32,7 +32,10 @@ class LogDensityTarget:
         names = _names(template)
 
         def logdensity(x):
-            return jnp.asarray(self.logdensity_fn(unravel(x)), flat.dtype).reshape(())
+            value = jnp.asarray(self.logdensity_fn(unravel(x)), flat.dtype)
+            if value.shape != ():
+                raise ValueError(f"it must return a scalar, got an array of shape {value.shape}")
+            return value
 
         def constrain(x):
             tree = unravel(x)

@@ -1,0 +1,519 @@
+"""Scaling studies: how sampling time changes with the number of workers (strong, weak) or of chains.
+
+``run_study`` times fixed-cost HMC sampling (``kernel="hmc"``, ``adapt=False``, ``warmup=0``, a fixed
+step size and number of leapfrog steps per model, so that every draw costs the same) on clusters of
+growing size, writes ``DIR/scaling.json`` and PNG plots, and returns the record.
+
+- ``strong``: a fixed ensemble (``chains``) on 1, 2, 4, ... workers.
+- ``weak``: ``chains_per_worker * workers`` chains on each point; the work grows with the workers.
+- ``chains``: one worker, ensembles of growing size (``chains_list``), one block per segment, showing
+  where the per-task and per-iteration overhead stops dominating.
+
+Each point runs on freshly started workers: the embedded local cluster is started anew with ``n``
+workers (each pinned to its own core while there are cores enough, so the study measures cores, not
+XLA's threads); a dask-cuda, Slurm or given ``Cluster`` is scaled to ``n`` workers and restarted with
+``client.restart()``. Each point first runs one untimed warm-up sample of the same block shape, so
+that every worker has compiled its program; the timed repeats must then compile nothing (a repeat
+that did is discarded and run again). ``seconds`` is the wall time of the sampling phase (submitting
+the first block to writing the last, dhmc's ``dhmc_timing`` ``sampling + writing``); the whole call,
+with the driver's set-up, is ``wall_seconds``, and the warm-up's compile time is ``compile_seconds``.
+
+This module imports only the standard library at import time; JAX, Dask and matplotlib are imported
+when a study runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from datetime import UTC, datetime
+from pathlib import Path
+
+KINDS = ("strong", "weak", "chains")
+
+#: Fixed HMC settings per built-in model: ``(step_size, num_steps)``. The step sizes keep the
+#: acceptance well above zero; the numbers of steps make 512 chains x 400 draws cost roughly
+#: 5-20 s on one core, so that blocks of 64 chains x 200 draws run >= 0.5 s (a Dask task costs ~2.5 ms).
+DEFAULT_SETTINGS: dict[str, tuple[float, int]] = {
+    "gaussian_2d": (0.1, 1000),
+    "harmonic_oscillator": (0.1, 1000),
+    "coin_toss": (0.2, 200),
+    "eight_schools": (0.3, 300),
+    "linear_acceleration": (0.001, 50),
+}
+FALLBACK_SETTINGS = (0.1, 100)
+BLOCKS_PER_WORKER = 4  # CPU default: blocks per worker per segment (equal work, some load balancing)
+
+
+class ScalingError(RuntimeError):
+    """A study that cannot be run as asked (e.g. an unscalable cluster)."""
+
+
+# -- public --------------------------------------------------------------------------------------------
+
+
+def run_study(
+    kind: str,
+    workers: Sequence[int] | None = None,
+    *,
+    chains: int | None = None,
+    chains_per_worker: int | None = None,
+    draws: int,
+    model: str | Sequence[str] = "gaussian_2d",
+    cluster=None,
+    repeat: int = 3,
+    out: str | os.PathLike,
+    chains_list: Sequence[int] | None = None,
+    chains_per_task: int | None = None,
+    step_size: float | None = None,
+    num_steps: int | None = None,
+    seed: int = 0,
+    cluster_options: dict | None = None,
+    progress: bool | Callable[[str], None] = True,
+) -> dict:
+    """Run a scaling study, write ``out/scaling.json`` and PNG plots, and return the record.
+
+    Parameters
+    ----------
+    kind
+        ``"strong"`` (fixed ``chains``), ``"weak"`` (``chains_per_worker`` per worker) or ``"chains"``
+        (one worker, each ensemble size in ``chains_list``).
+    workers
+        Worker counts, e.g. ``[1, 2, 4]``; ``"chains"`` takes a single count (default ``[1]``).
+    chains, chains_per_worker, chains_list
+        The ensemble size of a strong study, per worker of a weak study, the sizes of a chains study.
+    draws
+        Draws per chain at every point.
+    model
+        A built-in model name, or several: each is timed on every point and plotted normalised to its
+        own smallest-worker time.
+    cluster
+        None or ``"local"`` (the embedded cluster, restarted per point), ``"cuda"``, ``"slurm"``, a
+        ``distributed.Cluster`` or a ``Client`` of one (scaled per point); a scheduler address only
+        when every point asks for the workers it already has.
+    repeat
+        Timed runs per point (after one untimed warm-up run).
+    out
+        Output directory (created).
+    chains_per_task
+        Chains per block, the same at every point (equal work, bitwise the same draws). Default:
+        strong ``chains // (4 * max(workers))``, weak ``chains_per_worker // 4`` (one block per worker
+        on ``"cuda"``), chains: the whole ensemble.
+    step_size, num_steps
+        Fixed HMC settings; default per model from :data:`DEFAULT_SETTINGS`.
+    seed, cluster_options
+        Passed to :func:`dhmc.sample`; options for the cluster kind (``dhmc.yaml``).
+    progress
+        Print one line per point to stderr (or pass a callable taking the line).
+
+    Returns
+    -------
+    dict
+        ``{"kind", "model", "runs": [{"workers", "chains", "draws", "seconds", "seconds_min", "seconds_max",
+        "chain_draws_per_s", "speedup", "efficiency", ...}], "machine", ...}``, as written to
+        ``scaling.json``. ``speedup`` is the throughput relative to the smallest worker count ``w0``, times
+        ``w0`` (strong: ``w0 * T(w0) / T(n)``; weak: the scaled speedup ``n * T(w0) / T(n)`` for ``w0 = 1``);
+        ``efficiency = speedup / workers``. For ``"chains"``: ``speedup`` is the throughput relative to the
+        smallest ensemble and ``efficiency`` the fraction of the best throughput.
+    """
+    models = [model] if isinstance(model, str) else list(model)
+    points, cpt_of, workers = _plan(kind, workers, chains, chains_per_worker, chains_list, chains_per_task, draws,
+                                    repeat, models, cluster)
+    settings = {m: _settings(m, step_size, num_steps) for m in models}
+    say = _say(progress)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    t_study = time.perf_counter()
+    machine = machine_info()
+    runs: list[dict] = []
+    say(f"dhmc scale {kind}: models {', '.join(models)}; points "
+        + ", ".join(f"{w}w x {c} chains" for w, c in points) + f"; {draws} draws; {repeat} repeats -> {out}")
+    with _Clusters(cluster, cluster_options, workers) as clusters:
+        dps_cache: dict[tuple, int] = {}
+        for n, c in points:
+            t_point = time.perf_counter()
+            client = clusters.get(n)
+            cluster_seconds = time.perf_counter() - t_point
+            if "workers" not in machine:
+                machine.update(_cluster_info(client))
+            for m in models:
+                step, steps = settings[m]
+                cpt = cpt_of(c)
+                record = _time_point(client, m, n, c, draws, cpt, step, steps, seed, repeat, dps_cache)
+                record.update(cluster_start_seconds=cluster_seconds, pinned=clusters.pinned(n),
+                              load_average=_loadavg())
+                runs.append(record)
+                say(f"  {m}: {n} worker(s), {c} chains: {record['seconds']:.3f} s "
+                    f"(min {record['seconds_min']:.3f}, max {record['seconds_max']:.3f}), "
+                    f"{record['chain_draws_per_s']:,.0f} chain-draws/s, compile {record['compile_seconds']:.2f} s, "
+                    f"acceptance {record['acceptance_rate']:.2f}")
+            clusters.release(n)
+
+    _derive(kind, runs)
+    result = {
+        "kind": kind,
+        "model": ",".join(models),
+        "models": models,
+        "runs": runs,
+        "machine": machine,
+        "settings": {
+            "kernel": "hmc", "adapt": False, "warmup": 0, "seed": seed, "repeat": repeat, "draws": draws,
+            "statistic": "median", "seconds": "sampling phase wall time (dhmc_timing sampling + writing)",
+            "per_model": {m: {"step_size": s, "num_steps": k} for m, (s, k) in settings.items()},
+            "chains_per_worker": chains_per_worker,
+        },
+        "cluster": cluster if isinstance(cluster, str) or cluster is None else type(cluster).__name__,
+        "started_at": started_at,
+        "wall_seconds": time.perf_counter() - t_study,
+    }
+    from dhmc.observe import plots
+
+    result["plots"] = [p.name for p in plots.plot_study(result, out)]
+    (out / "scaling.json").write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
+    for run in runs:
+        if kind != "chains" and run["workers"] != min(workers):
+            say(f"  {run['model']}: {run['workers']} workers: speedup {run['speedup']:.2f}x, "
+                f"efficiency {run['efficiency']:.0%}")
+    say(f"dhmc scale {kind}: done in {result['wall_seconds']:.0f} s; wrote {out / 'scaling.json'} and "
+        + ", ".join(result["plots"]))
+    return result
+
+
+def machine_info() -> dict:
+    """The driver machine: CPU, cores, memory, platform and library versions (imports no JAX)."""
+    from importlib import metadata
+
+    versions = {}
+    for name in ("dhmc", "jax", "jaxlib", "numpy", "dask", "distributed", "numpyro", "xarray", "zarr",
+                 "matplotlib", "dask-cuda", "dask-jobqueue"):
+        with suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    memory = None
+    with suppress(ValueError, OSError, AttributeError):
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cores_available": len(cores),
+        "memory_bytes": memory,
+        "load_average": _loadavg(),
+        "versions": versions,
+    }
+
+
+# -- planning ------------------------------------------------------------------------------------------
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _plan(kind, workers, chains, chains_per_worker, chains_list, chains_per_task, draws, repeat, models, cluster):
+    """Validate the study and return ``(points [(workers, chains)], chains_per_task(chains), workers)``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    _positive("draws", draws)
+    _positive("repeat", repeat)
+    if not models or not all(isinstance(m, str) and m for m in models):
+        raise ValueError(f"model must be a model name or a list of names, got {models!r}")
+    if chains_per_task is not None:
+        _positive("chains_per_task", chains_per_task)
+    if kind == "chains":
+        workers = [1] if workers is None else list(workers)
+        if len(workers) != 1:
+            raise ValueError(f"a chains study runs on one worker count, got workers={workers}")
+        if chains_list is None and chains is not None and not isinstance(chains, int):
+            chains_list = chains
+        if not chains_list:
+            raise ValueError("a chains study needs chains_list, e.g. [2, 8, 32, ..., 4096]")
+        sizes = sorted({_positive("chains", int(c)) for c in chains_list})
+        workers = [_positive("workers", workers[0])]
+        return [(workers[0], c) for c in sizes], (lambda c: min(chains_per_task or c, c)), workers
+    if workers is None or not list(workers):
+        raise ValueError("workers must list the worker counts, e.g. [1, 2, 4]")
+    workers = sorted({_positive("workers", int(w)) for w in workers})
+    per_block = 1 if cluster == "cuda" else BLOCKS_PER_WORKER
+    if kind == "strong":
+        if chains is None:
+            raise ValueError("a strong study needs chains (the fixed ensemble size)")
+        _positive("chains", chains)
+        cpt = chains_per_task or max(1, chains // (per_block * workers[-1]))
+        return [(w, chains) for w in workers], (lambda c: min(cpt, c)), workers
+    if chains_per_worker is None:
+        raise ValueError("a weak study needs chains_per_worker (the ensemble grows with the workers)")
+    _positive("chains_per_worker", chains_per_worker)
+    cpt = chains_per_task or max(1, chains_per_worker // per_block)
+    return [(w, w * chains_per_worker) for w in workers], (lambda c: min(cpt, c)), workers
+
+
+def _settings(model: str, step_size, num_steps) -> tuple[float, int]:
+    default_step, default_steps = DEFAULT_SETTINGS.get(model, FALLBACK_SETTINGS)
+    step = float(step_size) if step_size is not None else default_step
+    steps = int(num_steps) if num_steps is not None else default_steps
+    if not step > 0:
+        raise ValueError(f"step_size must be positive, got {step_size!r}")
+    _positive("num_steps", steps)
+    return step, steps
+
+
+# -- timing --------------------------------------------------------------------------------------------
+
+
+def _sample(client, model, chains, draws, cpt, step, steps, seed) -> dict:
+    import dhmc
+
+    t = time.perf_counter()
+    tree = dhmc.sample(model, chains=chains, draws=draws, warmup=0, seed=seed, kernel="hmc", step_size=step,
+                       num_steps=steps, adapt=False, cluster=client, chains_per_task=cpt, progress=False)
+    wall = time.perf_counter() - t
+    timing = spec = None
+    for node in tree.subtree:
+        if timing is None and "dhmc_timing" in node.attrs:
+            timing = json.loads(node.attrs["dhmc_timing"])
+        if spec is None and "dhmc_run_spec" in node.attrs:
+            spec = json.loads(node.attrs["dhmc_run_spec"])
+    if timing is None:
+        raise ScalingError("dhmc.sample returned no dhmc_timing attribute")
+    acceptance = float(tree["sample_stats"]["acceptance_rate"].mean())
+    return {"wall": wall, "timing": timing, "spec": spec or {}, "acceptance": acceptance,
+            "seconds": timing["sampling"] + timing.get("writing", 0.0)}
+
+
+def _time_point(client, model, n, chains, draws, cpt, step, steps, seed, repeat, dps_cache) -> dict:
+    """One warm-up run that compiles on every worker, then ``repeat`` timed runs."""
+    # Warm-up: two blocks per worker of the timed runs' block shape (chains_per_task x draws_per_segment).
+    # Once draws_per_segment is known, one segment of draws is enough.
+    key = (model, cpt, draws)
+    warm_draws = dps_cache.get(key, draws)
+    warm = _sample(client, model, min(chains, 2 * n * cpt), warm_draws, cpt, step, steps, seed + 1)
+    dps = int(warm["spec"].get("draws_per_segment", draws))
+    dps_cache[key] = dps
+    compile_seconds = warm["timing"]["compile"]
+
+    timed, discarded = [], 0
+    while len(timed) < repeat:
+        run = _sample(client, model, chains, draws, cpt, step, steps, seed)
+        if run["timing"]["compile"] > 0 and discarded < repeat:
+            discarded += 1  # a worker compiled during the timed run: not warm, run it again
+            compile_seconds = max(compile_seconds, run["timing"]["compile"])
+            continue
+        timed.append(run)
+    seconds = [r["seconds"] for r in timed]
+    median = statistics.median(seconds)
+    chunks = math.ceil(chains / cpt)
+    segments = math.ceil(draws / dps)
+    return {
+        "model": model,
+        "workers": n,
+        "chains": chains,
+        "draws": draws,
+        "seconds": median,
+        "seconds_min": min(seconds),
+        "seconds_max": max(seconds),
+        "seconds_all": seconds,
+        "wall_seconds": statistics.median(r["wall"] for r in timed),
+        "chain_draws_per_s": chains * draws / median,
+        "grad_evals_per_s": chains * draws * steps / median,
+        "speedup": None,
+        "efficiency": None,
+        "compile_seconds": compile_seconds,
+        "warmup_run_seconds": warm["wall"],
+        "repeats": repeat,
+        "discarded_cold_repeats": discarded,
+        "chains_per_task": cpt,
+        "draws_per_segment": dps,
+        "blocks": chunks * segments,
+        "step_size": step,
+        "num_steps": steps,
+        "acceptance_rate": statistics.fmean(r["acceptance"] for r in timed),
+    }
+
+
+def _derive(kind: str, runs: list[dict]) -> None:
+    """Fill ``speedup`` and ``efficiency``, per model, relative to its own baseline."""
+    for model in {r["model"] for r in runs}:
+        mine = [r for r in runs if r["model"] == model]
+        if kind == "chains":
+            base = min(mine, key=lambda r: r["chains"])["chain_draws_per_s"]
+            best = max(r["chain_draws_per_s"] for r in mine)
+            for r in mine:
+                r["speedup"] = r["chain_draws_per_s"] / base
+                r["efficiency"] = r["chain_draws_per_s"] / best
+            continue
+        first = min(mine, key=lambda r: r["workers"])
+        w0, rate0 = first["workers"], first["chain_draws_per_s"]
+        for r in mine:
+            r["speedup"] = w0 * r["chain_draws_per_s"] / rate0
+            r["efficiency"] = r["speedup"] / r["workers"]
+            # the same from the fastest / slowest repeats of this point and the baseline's median
+            r["speedup_min"] = w0 * r["chains"] * r["draws"] / r["seconds_max"] / rate0
+            r["speedup_max"] = w0 * r["chains"] * r["draws"] / r["seconds_min"] / rate0
+
+
+# -- clusters ------------------------------------------------------------------------------------------
+
+
+class _Clusters:
+    """Clients with ``n`` workers, freshly started or restarted for every point."""
+
+    def __init__(self, cluster, options, workers):
+        self.spec, self.options, self.workers = cluster, dict(options or {}), workers
+        self.client = self.close = None
+        self.original = None  # a user's cluster is scaled back to its size at the end
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.client is not None and self.original is not None:
+            with suppress(Exception):
+                self._scale(self.original)
+        if self.close is not None:
+            with suppress(Exception):
+                self.close()
+        self.client = self.close = None
+
+    @property
+    def embedded(self) -> bool:
+        return self.spec is None or self.spec == "local"
+
+    def pinned(self, n: int) -> bool | None:
+        if not self.embedded:
+            return None
+        from dhmc.distributed import config
+        from dhmc.distributed.clusters import available_cores
+
+        pin = config.cluster_options("local", self.options).get("pin", True)
+        return bool(pin) and n <= len(available_cores())
+
+    def get(self, n: int):
+        from dhmc.distributed.clusters import connect
+
+        if self.embedded:
+            self.client, self.close = connect("local", {**self.options, "n_workers": n})
+            return self.client
+        if self.client is None:
+            if self.spec == "cuda":
+                self.client, self.close = connect("cuda", {**self.options, "n_workers": n})
+            elif self.spec == "slurm":
+                self.client, self.close = connect("slurm", {**self.options, "jobs": n})
+            else:
+                self.client, self.close = connect(self.spec, self.options)
+                self.original = _count(self.client) \
+                    if self._scalable() else None
+        self._scale(n)
+        self.client.restart(wait_for_workers=True, timeout=600 if self.spec == "slurm" else 180)
+        self._wait(n)
+        return self.client
+
+    def release(self, n: int) -> None:
+        if self.embedded and self.close is not None:
+            self.close()
+            self.client = self.close = None
+
+    def _scalable(self) -> bool:
+        cluster = getattr(self.client, "cluster", None)
+        return cluster is not None and hasattr(cluster, "scale")
+
+    def _count(self) -> int:
+        return _count(self.client)
+
+    def _scale(self, n: int) -> None:
+        if not self._scalable():
+            have = self._count()
+            if have != n:
+                raise ScalingError(f"the cluster at {self.client.scheduler.address} has {have} workers and dhmc "
+                                   f"cannot scale it (no Cluster object) to {n}; pass a Cluster, 'cuda' or "
+                                   f"'slurm', or only --workers {have}")
+            return
+        self.client.cluster.scale(n)  # workers; with dhmc's Slurm config (processes: 1) one job each
+        self._wait(n)
+
+    def _wait(self, n: int, timeout: float | None = None) -> None:
+        timeout = timeout or (600.0 if self.spec == "slurm" else 180.0)
+        deadline = time.monotonic() + timeout
+        while (have := self._count()) != n:
+            if time.monotonic() > deadline:
+                raise ScalingError(f"the cluster did not reach {n} workers within {timeout:.0f} s (has {have})")
+            time.sleep(0.5)
+
+
+def _workers(client) -> dict:
+    """All workers' records (recent ``distributed`` lists only the first few unless asked)."""
+    try:
+        return client.scheduler_info(n_workers=-1)["workers"]
+    except TypeError:
+        return client.scheduler_info()["workers"]
+
+
+def _count(client) -> int:
+    return len(_workers(client))
+
+
+def _cluster_info(client) -> dict:
+    """What the workers of the first point run on: threads, memory, and JAX's devices."""
+    info = _workers(client)
+    workers = [{"name": str(w.get("name")), "host": w.get("host"), "nthreads": w.get("nthreads"),
+                "memory_limit": w.get("memory_limit")} for w in info.values()]
+
+    def devices():
+        import jax
+
+        return [f"{d.platform}:{getattr(d, 'device_kind', '')}" for d in jax.devices()]
+
+    found = {}
+    with suppress(Exception):
+        found = client.run(devices)
+    return {"workers": workers, "worker_devices": sorted({", ".join(v) for v in found.values()})}
+
+
+# -- small helpers -------------------------------------------------------------------------------------
+
+
+def _say(progress) -> Callable[[str], None]:
+    if callable(progress):
+        return progress
+    if progress:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    return lambda line: None
+
+
+def _cpu_model() -> str:
+    with suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _loadavg() -> list[float] | None:
+    with suppress(OSError, AttributeError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+def _json_default(value):
+    with suppress(Exception):
+        return value.item()
+    return str(value)
+
+
+__all__ = ["run_study", "machine_info", "DEFAULT_SETTINGS", "KINDS", "ScalingError"]
