@@ -63,7 +63,7 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    step_size, good_time, bad_time = 0.1, 0.5, 1.0
+    step_size, good_time, bad_time = 0.1, 0.2, 1.0
     if args.quick:
         chains, max_draws, times, fixed_draws = 512, 50, np.round(np.arange(0.1, 2.01, 0.2), 2), 3
     else:
@@ -116,7 +116,7 @@ def main(argv=None):
         axes[row, 0].set_xlabel("number of draws N")
         axes[row, 1].set_xlabel(f"trajectory time T = step size x steps  (N = {fixed_draws} draws)")
     axes[0, 0].plot([], [], "k--", lw=1, label="exact posterior ±2 MC s.e.")
-    axes[0, 0].legend(loc="lower right", fontsize=7.5, ncol=2)
+    axes[0, 0].legend(loc="upper right", fontsize=7.5, ncol=2)
     axes[0, 0].set_title(f"same initial ensemble, growing number of draws (step {step_size})", fontsize=10)
     axes[0, 1].set_title("same initial ensemble, growing trajectory time", fontsize=10)
     fig.suptitle(f"Coin toss: {chains} HMC chains from one initial ensemble converge to the exact posterior "

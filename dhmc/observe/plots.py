@@ -185,7 +185,8 @@ def _time(series, studies, path: Path) -> Path:
         line = ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
         w0, t0 = runs[0]["workers"], runs[0]["seconds"]
         ax.plot(x, [t0 * w0 / w for w in x], ls="--", lw=1, color=line[0].get_color(), alpha=0.6,
-                label=f"ideal T({w0}) {w0}/n" if w0 != 1 else "ideal T(1)/n")
+                label=("ideal T(1)/n (dashed)" if w0 == 1 else f"ideal T({w0}) {w0}/n (dashed)")
+                if i == 0 else "_nolegend_")
     _workers_axis(ax, workers)
     ax.set_yscale("log")
     _plain_log(ax)
@@ -205,13 +206,15 @@ def _time_per_chain(series, studies, path: Path) -> Path:
         err = [[r["seconds"] - r["seconds_min"] for r in runs], [r["seconds_max"] - r["seconds"] for r in runs]]
         line = left.errorbar(x, t, yerr=err, marker=marker, capsize=3, label=label)
         color = line[0].get_color()
-        left.axhline(runs[0]["seconds"], color=color, ls="--", lw=1, alpha=0.6)
+        left.axhline(runs[0]["seconds"], color=color, ls="--", lw=1, alpha=0.6,
+                     label="ideal: flat (dashed)" if i == 0 else "_nolegend_")
         per = [1e3 * r["seconds"] / r["chains"] for r in runs]
         per_err = [[1e3 * (r["seconds"] - r["seconds_min"]) / r["chains"] for r in runs],
                    [1e3 * (r["seconds_max"] - r["seconds"]) / r["chains"] for r in runs]]
         right.errorbar(x, per, yerr=per_err, marker=marker, capsize=3, color=color, label=label)
         w0 = runs[0]["workers"]
-        right.plot(x, [per[0] * w0 / w for w in x], ls="--", lw=1, color=color, alpha=0.6, label="ideal (1/n)")
+        right.plot(x, [per[0] * w0 / w for w in x], ls="--", lw=1, color=color, alpha=0.6,
+                   label="ideal: 1/n (dashed)" if i == 0 else "_nolegend_")
     for ax in (left, right):
         _workers_axis(ax, workers)
     left.set_ylim(bottom=0)
@@ -238,7 +241,7 @@ def _chains(series, studies, path: Path) -> Path:
         color = line[0].get_color()
         # linear in chains through the largest ensemble: where the curve meets it, the work dominates
         left.plot(x, [t[-1] * c / x[-1] for c in x], ls="--", lw=1, color=color, alpha=0.6,
-                  label="linear in chains")
+                  label="linear in chains (dashed)" if i == 0 else "_nolegend_")
         per = [1e6 * r["seconds"] / (r["chains"] * r["draws"]) for r in runs]
         right.plot(x, per, marker=marker, color=color, label=label)
         knee = _knee(runs)
@@ -246,10 +249,16 @@ def _chains(series, studies, path: Path) -> Path:
             right.axvline(knee, color=color, ls=":", lw=1.2)
             right.annotate(f"overhead < work\nfrom ~{knee} chains", (knee, max(per)), textcoords="offset points",
                            xytext=(4, -24), fontsize=8, color=color)
+    sizes = sorted({r["chains"] for _, runs in series for r in runs})
+    ticks = sizes if len(sizes) <= 10 else sizes[::2]
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel(f"chains on one block ({studies[0]['runs'][0]['workers']} worker)")
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{c:,}" for c in ticks], rotation=45 if len(ticks) > 6 else 0, fontsize=8)
+        ax.xaxis.set_minor_formatter(_null())
+        _plain_log(ax)
+        ax.set_xlabel(f"chains in one block, {studies[0]['runs'][0]['workers']} worker")
         ax.grid(True, which="both", alpha=0.3)
     left.set_ylabel("sampling time [s]")
     left.set_title("time vs number of chains", fontsize=10)
@@ -275,12 +284,20 @@ def _knee(runs) -> int | None:
 
 def _plain_log(ax, axis: str = "y") -> None:
     """Tick labels like 0.2, 3, 40 on a log axis (not 2 x 10^-1)."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fmt = FuncFormatter(lambda v, _: f"{v:g}")
     target = ax.yaxis if axis == "y" else ax.xaxis
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
     target.set_major_formatter(fmt)
-    target.set_minor_formatter(fmt)
+    # label the minor ticks (2, 3, ... 9 x 10^k) only where the axis spans little more than a decade
+    target.set_minor_formatter(fmt if lo > 0 and hi / lo < 30 else NullFormatter())
+
+
+def _null():
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
 
 
 def _percent():

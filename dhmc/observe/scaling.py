@@ -104,9 +104,10 @@ def run_study(
     out
         Output directory (created).
     chains_per_task
-        Chains per block, the same at every point (equal work, bitwise the same draws). Default:
-        strong ``chains // (4 * max(workers))``, weak ``chains_per_worker // 4`` (one block per worker
-        on ``"cuda"``), chains: the whole ensemble.
+        Chains per block, the same at every point (equal work, bitwise the same draws). Default: the
+        largest divisor of the ensemble (strong) or of ``chains_per_worker`` (weak) that gives each worker
+        at least 4 blocks per segment at the most workers (1 block on ``"cuda"``), e.g. ``512 // (4 * 2)``;
+        a chains study: the whole ensemble.
     step_size, num_steps
         Fixed HMC settings; default per model from :data:`DEFAULT_SETTINGS`.
     seed, cluster_options
@@ -254,13 +255,21 @@ def _plan(kind, workers, chains, chains_per_worker, chains_list, chains_per_task
         if chains is None:
             raise ValueError("a strong study needs chains (the fixed ensemble size)")
         _positive("chains", chains)
-        cpt = chains_per_task or max(1, chains // (per_block * workers[-1]))
+        cpt = chains_per_task or _divisor_at_most(chains, chains // (per_block * workers[-1]))
         return [(w, chains) for w in workers], (lambda c: min(cpt, c)), workers
     if chains_per_worker is None:
         raise ValueError("a weak study needs chains_per_worker (the ensemble grows with the workers)")
     _positive("chains_per_worker", chains_per_worker)
-    cpt = chains_per_task or max(1, chains_per_worker // per_block)
+    cpt = chains_per_task or _divisor_at_most(chains_per_worker, chains_per_worker // per_block)
     return [(w, w * chains_per_worker) for w in workers], (lambda c: min(cpt, c)), workers
+
+
+def _divisor_at_most(total: int, limit: int) -> int:
+    """The largest divisor of ``total`` not above ``limit`` (so that all blocks have the same shape), or
+    ``limit`` itself (a shorter last block) where no divisor comes within half of it."""
+    limit = max(1, limit)
+    best = max(d for d in range(1, limit + 1) if total % d == 0)
+    return best if 2 * best >= limit else limit
 
 
 def _settings(model: str, step_size, num_steps) -> tuple[float, int]:
@@ -416,8 +425,7 @@ class _Clusters:
                 self.client, self.close = connect("slurm", {**self.options, "jobs": n})
             else:
                 self.client, self.close = connect(self.spec, self.options)
-                self.original = _count(self.client) \
-                    if self._scalable() else None
+                self.original = _count(self.client) if self._scalable() else None
         self._scale(n)
         self.client.restart(wait_for_workers=True, timeout=600 if self.spec == "slurm" else 180)
         self._wait(n)

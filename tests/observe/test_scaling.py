@@ -79,7 +79,7 @@ def test_study_scales_a_given_cluster_and_restores_it(tmp_path):
 def test_unscalable_address_needs_its_own_worker_count(tmp_path):
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster, set_as_default=False):
         with pytest.raises(scaling.ScalingError, match="cannot scale it"):
             scaling.run_study("strong", [2], chains=8, cluster=cluster.scheduler_address, out=tmp_path, **TINY)
