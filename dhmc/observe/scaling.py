@@ -129,14 +129,29 @@ def run_study(
     points, cpt_of, workers = _plan(kind, workers, chains, chains_per_worker, chains_list, chains_per_task, draws,
                                     repeat, models, cluster)
     settings = {m: _settings(m, step_size, num_steps) for m in models}
+    _check_models(models)
     say = _say(progress)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
 
-    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t_study = time.perf_counter()
-    machine = machine_info()
-    runs: list[dict] = []
+    result = {
+        "kind": kind,
+        "model": ",".join(models),
+        "models": models,
+        "runs": [],
+        "machine": machine_info(),
+        "settings": {
+            "kernel": "hmc", "adapt": False, "warmup": 0, "seed": seed, "repeat": repeat, "draws": draws,
+            "statistic": "median", "seconds": "sampling phase wall time (dhmc_timing sampling + writing)",
+            "per_model": {m: {"step_size": s, "num_steps": k} for m, (s, k) in settings.items()},
+            "chains_per_worker": chains_per_worker,
+        },
+        "cluster": cluster if isinstance(cluster, str) or cluster is None else type(cluster).__name__,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "complete": False,
+    }
+    runs, machine = result["runs"], result["machine"]
     say(f"dhmc scale {kind}: models {', '.join(models)}; points "
         + ", ".join(f"{w}w x {c} chains" for w, c in points) + f"; {draws} draws; {repeat} repeats -> {out}")
     with _Clusters(cluster, cluster_options, workers) as clusters:
@@ -149,38 +164,25 @@ def run_study(
                 machine.update(_cluster_info(client))
             for m in models:
                 step, steps = settings[m]
-                cpt = cpt_of(c)
-                record = _time_point(client, m, n, c, draws, cpt, step, steps, seed, repeat, dps_cache)
+                record = _time_point(client, m, n, c, draws, cpt_of(c), step, steps, seed, repeat, dps_cache)
                 record.update(cluster_start_seconds=cluster_seconds, pinned=clusters.pinned(n),
                               load_average=_loadavg())
                 runs.append(record)
                 say(f"  {m}: {n} worker(s), {c} chains: {record['seconds']:.3f} s "
                     f"(min {record['seconds_min']:.3f}, max {record['seconds_max']:.3f}), "
                     f"{record['chain_draws_per_s']:,.0f} chain-draws/s, compile {record['compile_seconds']:.2f} s, "
-                    f"acceptance {record['acceptance_rate']:.2f}")
+                    f"acceptance {record['acceptance_rate']:.2f}" + _busy(record))
             clusters.release(n)
+            _derive(kind, runs)
+            result["wall_seconds"] = time.perf_counter() - t_study
+            _write(result, out)  # what is measured so far survives a failure at a later point
 
-    _derive(kind, runs)
-    result = {
-        "kind": kind,
-        "model": ",".join(models),
-        "models": models,
-        "runs": runs,
-        "machine": machine,
-        "settings": {
-            "kernel": "hmc", "adapt": False, "warmup": 0, "seed": seed, "repeat": repeat, "draws": draws,
-            "statistic": "median", "seconds": "sampling phase wall time (dhmc_timing sampling + writing)",
-            "per_model": {m: {"step_size": s, "num_steps": k} for m, (s, k) in settings.items()},
-            "chains_per_worker": chains_per_worker,
-        },
-        "cluster": cluster if isinstance(cluster, str) or cluster is None else type(cluster).__name__,
-        "started_at": started_at,
-        "wall_seconds": time.perf_counter() - t_study,
-    }
     from dhmc.observe import plots
 
     result["plots"] = [p.name for p in plots.plot_study(result, out)]
-    (out / "scaling.json").write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
+    result["complete"] = True
+    result["wall_seconds"] = time.perf_counter() - t_study
+    _write(result, out)
     for run in runs:
         if kind != "chains" and run["workers"] != min(workers):
             say(f"  {run['model']}: {run['workers']} workers: speedup {run['speedup']:.2f}x, "
@@ -272,6 +274,14 @@ def _divisor_at_most(total: int, limit: int) -> int:
     return best if 2 * best >= limit else limit
 
 
+def _check_models(models) -> None:
+    from dhmc.models import EXAMPLES
+
+    unknown = [m for m in models if m not in EXAMPLES]
+    if unknown:
+        raise ValueError(f"unknown model {unknown[0]!r}; choose one of: {', '.join(EXAMPLES)}")
+
+
 def _settings(model: str, step_size, num_steps) -> tuple[float, int]:
     default_step, default_steps = DEFAULT_SETTINGS.get(model, FALLBACK_SETTINGS)
     step = float(step_size) if step_size is not None else default_step
@@ -318,7 +328,9 @@ def _time_point(client, model, n, chains, draws, cpt, step, steps, seed, repeat,
 
     timed, discarded = [], 0
     while len(timed) < repeat:
+        cpu = _worker_cpu(client)
         run = _sample(client, model, chains, draws, cpt, step, steps, seed)
+        run["cpu_share"] = _cpu_share(cpu, _worker_cpu(client), run["seconds"])
         if run["timing"]["compile"] > 0 and discarded < repeat:
             discarded += 1  # a worker compiled during the timed run: not warm, run it again
             compile_seconds = max(compile_seconds, run["timing"]["compile"])
@@ -352,7 +364,27 @@ def _time_point(client, model, n, chains, draws, cpt, step, steps, seed, repeat,
         "step_size": step,
         "num_steps": steps,
         "acceptance_rate": statistics.fmean(r["acceptance"] for r in timed),
+        # CPU seconds the workers used per second of sampling, averaged over workers: ~1 when each
+        # worker had its core to itself, well below 1 when the machine was busy with other work
+        "cpu_share": _median_or_none([r["cpu_share"] for r in timed]),
     }
+
+
+def _worker_cpu(client) -> dict:
+    try:
+        return client.run(time.process_time)
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return {}
+
+
+def _cpu_share(before: dict, after: dict, seconds: float) -> float | None:
+    shares = [(after[w] - before[w]) / seconds for w in after if w in before and seconds > 0]
+    return statistics.fmean(shares) if shares else None
+
+
+def _median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def _derive(kind: str, runs: list[dict]) -> None:
@@ -495,6 +527,14 @@ def _cluster_info(client) -> dict:
 # -- small helpers -------------------------------------------------------------------------------------
 
 
+def _busy(record) -> str:
+    share = record.get("cpu_share")
+    if share is None:
+        return ""
+    note = f", workers' CPU share {share:.0%}"
+    return note + (" (the machine is busy: timings are unreliable)" if share < 0.75 else "")
+
+
 def _say(progress) -> Callable[[str], None]:
     if callable(progress):
         return progress
@@ -516,6 +556,13 @@ def _loadavg() -> list[float] | None:
     with suppress(OSError, AttributeError):
         return [round(x, 2) for x in os.getloadavg()]
     return None
+
+
+def _write(result: dict, out: Path) -> None:
+    path = out / "scaling.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
+    tmp.replace(path)
 
 
 def _json_default(value):

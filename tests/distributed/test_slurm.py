@@ -138,3 +138,39 @@ def test_slurm_cluster_two_jobs(local_slurm, tmp_path):
 # --- dhmc.sample(..., cluster="slurm") --------------------------------------------------------
 # Tests of dhmc itself on the local Slurm go here (mark them @pytest.mark.slurm, request the
 # ``local_slurm`` fixture, and reuse local_slurm_kwargs(tmp_path) for dhmc.cluster.slurm).
+
+
+@pytest.mark.slurm
+def test_dhmc_sample_runs_its_blocks_in_slurm_jobs(local_slurm, tmp_path):
+    import jax.numpy as jnp
+    import numpy as np
+
+    import dhmc
+
+    seen = set()
+    stop = False
+
+    def poll():
+        while not stop:
+            seen.update(_running_job_names())
+            time.sleep(0.5)
+
+    import threading
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    try:
+        trace = dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(3)}, chains=64, draws=200,
+                            warmup=200, seed=2, cluster="slurm", progress=False,
+                            cluster_options={"log_directory": str(tmp_path), "local_directory": str(tmp_path)})
+    finally:
+        stop = True
+        watcher.join(5)
+    x = trace["posterior"]["x"].values.reshape(-1, 3)
+    assert np.abs(x.mean(0)).max() < 0.1 and np.abs(x.std(0) - 1).max() < 0.1
+    assert seen, "no Slurm job was seen RUNNING during the run"
+
+
+def _running_job_names() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=10)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.endswith("RUNNING")}

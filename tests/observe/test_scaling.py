@@ -22,13 +22,14 @@ def _check_schema(result: dict, kind: str, out) -> None:
     assert {"kind", "model", "runs", "machine"} <= set(result)
     assert result["kind"] == kind
     on_disk = json.loads((out / "scaling.json").read_text())
-    assert on_disk["kind"] == kind and len(on_disk["runs"]) == len(result["runs"])
+    assert on_disk["kind"] == kind and len(on_disk["runs"]) == len(result["runs"]) and on_disk["complete"]
     for run in on_disk["runs"]:
         assert RUN_KEYS <= set(run), RUN_KEYS - set(run)
         assert run["seconds"] > 0 and 0 < run["seconds_min"] <= run["seconds"] <= run["seconds_max"]
         assert run["chain_draws_per_s"] > 0 and run["speedup"] > 0 and run["efficiency"] > 0
         assert run["compile_seconds"] >= 0 and run["repeats"] == TINY["repeat"]
         assert len(run["seconds_all"]) == TINY["repeat"]
+        assert run["cpu_share"] is None or run["cpu_share"] > 0
     machine = on_disk["machine"]
     assert machine["cpu_count"] >= 1 and machine["versions"]["jax"] and machine["versions"]["distributed"]
     for name in on_disk["plots"]:
@@ -94,6 +95,7 @@ def test_unscalable_address_needs_its_own_worker_count(tmp_path):
     ({"kind": "chains", "workers": [1, 2], "chains_list": [2, 4]}, "one worker count"),
     ({"kind": "chains"}, "needs chains_list"),
     ({"kind": "strong", "workers": [1], "chains": 8, "repeat": 0}, "repeat must be"),
+    ({"kind": "strong", "workers": [1], "chains": 8, "model": "nope"}, "unknown model 'nope'"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path, args, match):
     args = {"draws": 10, "out": tmp_path / "x", **args}

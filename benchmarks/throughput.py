@@ -1,0 +1,269 @@
+"""Throughput of fixed-step HMC: dhmc vs a hand-written vmapped JAX HMC (the floor), BlackJAX, NumPyro.
+
+Same targets, same step size, same number of leapfrog steps, same chains and draws, same starting
+points, no adaptation, no warmup: every sampler does chains x draws x num_steps gradient evaluations.
+
+* ``dhmc``: ``dhmc.sample(kernel="hmc", adapt=False, warmup=0)``. Cold: its embedded default cluster
+  (``cluster=None``), so the cold time includes starting and stopping that cluster. Warm: a
+  ``distributed.LocalCluster`` + ``Client`` made once, one untimed call to compile on its workers, then
+  the timed call.
+* ``floor``: the minimal hand-written vmapped JAX HMC of the contract check (``jax.jit(jax.vmap(one))``).
+* ``blackjax``: ``blackjax.hmc`` vmapped over chains, ``lax.scan`` over draws.
+* ``numpyro``: ``MCMC(HMC(...), chain_method="vectorized")``; ``numpyro_seq``: ``chain_method="sequential"``
+  (only up to ``--sequential-max`` chains).
+
+Cold = first call in a fresh process (compile included); warm = the second call in the same process.
+Each (target, sampler, chains) runs in its own process. Writes ``results/throughput.json``.
+
+    python benchmarks/throughput.py                         # full: 64 .. 16384 chains, 3 targets
+    python benchmarks/throughput.py --chains 1024 --targets logistic   # the contract's size
+    python benchmarks/throughput.py --quick                 # tiny, ~1-2 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+METHODS = ("dhmc", "floor", "blackjax", "numpyro", "numpyro_seq")
+FULL_CHAINS = (64, 256, 1024, 4096, 16384)
+
+
+# -- one measurement (child process) -----------------------------------------------------------------------
+
+
+def child(cfg: dict) -> dict:
+    import numpy as np
+
+    target = C.TARGETS[cfg["target"]]()
+    chains, draws, steps, eps = cfg["chains"], cfg["draws"], cfg["num_steps"], cfg["step_size"]
+    init = target.init(chains)
+    method = cfg["method"]
+    out = {**cfg, "target_name": target.name, "dim": target.dim}
+    if method == "dhmc":
+        out.update(_child_dhmc(cfg, target, init))
+    elif method in ("floor", "blackjax"):
+        import jax
+
+        t = time.perf_counter()
+        if method == "floor":
+            f = C.floor_sampler(target.flat, eps, steps, draws)
+        else:
+            import blackjax  # noqa: F401 - import outside the timed region, as the contract does
+
+            f = C.blackjax_sampler(target.flat, eps, steps, draws, target.dim)
+        build = time.perf_counter() - t
+        keys = jax.random.split(jax.random.PRNGKey(1), chains)
+        cold, x = C.timed(lambda: f(keys, init))
+        out["cold_s"] = cold + build
+        out["mean0"] = float(np.asarray(x)[..., 0].mean())
+        if cfg["warm"]:
+            keys2 = jax.random.split(jax.random.PRNGKey(2), chains)
+            out["warm_s"], _ = C.timed(lambda: f(keys2, init))
+    elif method in ("numpyro", "numpyro_seq"):
+        import jax
+        import numpyro  # noqa: F401
+
+        site = target.numpyro_site
+        mcmc = None
+
+        def run(seed):
+            nonlocal mcmc
+            if mcmc is None:
+                mcmc = C.numpyro_mcmc(target, eps, steps, draws, chains,
+                                      "vectorized" if method == "numpyro" else "sequential")
+            mcmc.run(jax.random.PRNGKey(seed), init_params={site: init})
+            return mcmc.get_samples()[site]
+
+        out["cold_s"], x = C.timed(lambda: run(1))
+        x = np.asarray(x)
+        if site != target.key:  # coin toss: NumPyro reports p, the others u = logit(p)
+            x = np.log(x) - np.log1p(-x)
+        out["mean0"] = float(x[..., 0].mean())
+        if cfg["warm"]:
+            out["warm_s"], _ = C.timed(lambda: run(2))
+    else:
+        raise ValueError(method)
+    work = chains * draws
+    for kind in ("cold", "warm"):
+        s = out.get(f"{kind}_s")
+        if s:
+            out[f"{kind}_chain_draws_per_s"] = work / s
+            out[f"{kind}_grad_evals_per_s"] = work * steps / s
+    return out
+
+
+def _child_dhmc(cfg, target, init) -> dict:
+    import numpy as np
+
+    t = time.perf_counter()
+    import dhmc
+    import dhmc.api  # noqa: F401 - dhmc.sample imports it lazily; time it apart
+
+    import_s = time.perf_counter() - t
+    out = {"dhmc_import_s": import_s}
+
+    def call(cluster):
+        with C.DhmcProbe() as probe:
+            t = time.perf_counter()
+            tree = dhmc.sample(target.logdensity, init={target.key: init}, chains=cfg["chains"], draws=cfg["draws"],
+                               warmup=0, kernel="hmc", step_size=cfg["step_size"], num_steps=cfg["num_steps"],
+                               adapt=False, seed=1, progress=False, cluster=cluster,
+                               chains_per_task=cfg.get("chains_per_task"))
+            x = tree["posterior"][target.key].values
+            seconds = time.perf_counter() - t
+        timing = json.loads(tree["posterior"].attrs["dhmc_timing"])
+        return seconds, x, timing, probe.summary()
+
+    out["cold_s"], x, out["dhmc_timing_cold"], out["probe_cold"] = call(None)
+    out["mean0"] = float(np.asarray(x)[..., 0].mean())
+    if cfg["warm"]:
+        from distributed import Client, LocalCluster
+
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        t = time.perf_counter()
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                               host="127.0.0.1")
+        client = Client(cluster)
+        client.wait_for_workers(n)
+        out["warm_cluster_start_s"] = time.perf_counter() - t
+        try:
+            out["first_on_cluster_s"], _, out["dhmc_timing_first_on_cluster"], _ = call(client)
+            out["warm_s"], _, out["dhmc_timing_warm"], out["probe_warm"] = call(client)
+        finally:
+            client.close()
+            cluster.close()
+    return out
+
+
+# -- the driver ----------------------------------------------------------------------------------------------
+
+
+def configs(args) -> list[dict]:
+    out = []
+    for target in args.targets:
+        for chains in args.chains:
+            for method in args.methods:
+                if method == "numpyro_seq" and chains > args.sequential_max:
+                    continue
+                out.append({"target": target, "method": method, "chains": chains, "draws": args.draws,
+                            "num_steps": args.num_steps, "step_size": args.step_size, "warm": not args.no_warm,
+                            "chains_per_task": args.chains_per_task})
+    return out
+
+
+COLUMNS = [
+    ("target", "target", ""), ("chains", "chains", "d"), ("method", "sampler", ""),
+    ("cold_s", "cold s", ".2f"), ("cold_chain_draws_per_s", "cold draws/s", ",.0f"),
+    ("cold_grad_evals_per_s", "cold grads/s", ",.3g"),
+    ("warm_s", "warm s", ".2f"), ("warm_chain_draws_per_s", "warm draws/s", ",.0f"),
+    ("warm_grad_evals_per_s", "warm grads/s", ",.3g"),
+    ("cold_vs_dhmc", "cold t/t_dhmc", ".2f"), ("warm_vs_dhmc", "warm t/t_dhmc", ".2f"),
+]
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """``t_sampler / t_dhmc`` per (target, chains): above 1 means dhmc is faster."""
+    for r in rows:
+        ref = next((d for d in rows if d.get("method") == "dhmc" and d["target"] == r["target"]
+                    and d["chains"] == r["chains"] and "error" not in d), None)
+        for kind in ("cold", "warm"):
+            if ref and ref.get(f"{kind}_s") and r.get(f"{kind}_s"):
+                r[f"{kind}_vs_dhmc"] = r[f"{kind}_s"] / ref[f"{kind}_s"]
+
+
+def dhmc_breakdown(rows: list[dict]) -> str:
+    """Where dhmc's cold and warm seconds went, one line per run."""
+    lines = []
+    for r in rows:
+        if r.get("method") != "dhmc" or "error" in r:
+            continue
+        for kind in ("cold", "warm"):
+            t, p = r.get(f"dhmc_timing_{kind}"), r.get(f"probe_{kind}")
+            if not t or not p:
+                continue
+            ph = p["driver_phases_s"]
+            lines.append(
+                f"{r['target']:>24s} {r['chains']:>6d} {kind}: call {r[f'{kind}_s']:.2f} s = cluster start "
+                f"{ph.get('cluster_start', 0):.2f} + initial-position check {ph.get('initial_positions', 0):.2f} "
+                f"+ sampling {ph.get('runner_sample', 0):.2f} (worker compile max {t['compile']:.2f}, device work "
+                f"{p.get('block_device_seconds_sum', 0):.2f} s summed over {p.get('blocks', 0)} blocks of "
+                f"{p.get('chains_per_block')} chains x {p.get('iterations_per_block')} draws) + DataTree "
+                f"{ph.get('to_datatree', 0):.2f} + cluster close {ph.get('cluster_close', 0):.2f} + other")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="logistic,coin_toss,gaussian100",
+                    type=lambda s: [t for t in s.split(",") if t])
+    ap.add_argument("--chains", default=",".join(map(str, FULL_CHAINS)), type=lambda s: [int(c) for c in s.split(",")])
+    ap.add_argument("--draws", type=int, default=400)
+    ap.add_argument("--num-steps", type=int, default=10)
+    ap.add_argument("--step-size", type=float, default=0.02)
+    ap.add_argument("--methods", default=",".join(METHODS), type=lambda s: [m for m in s.split(",") if m])
+    ap.add_argument("--sequential-max", type=int, default=64, help="NumPyro sequential only up to this many chains")
+    ap.add_argument("--chains-per-task", type=int, default=None, help="dhmc's chains_per_task (default: dhmc's)")
+    ap.add_argument("--no-warm", action="store_true", help="cold numbers only")
+    ap.add_argument("--dhmc-compile-cache", choices=("on", "off"), default="off",
+                    help="dhmc workers' persistent JAX compilation cache (~/.cache/dhmc/jax); 'off' keeps dhmc's "
+                         "cold number cold across repeated benchmark runs, 'on' is dhmc's default")
+    ap.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (interleaved)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per measurement process")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: 64 chains x 50 draws")
+    ap.add_argument("--out", default=str(C.RESULTS / "throughput.json"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        C.emit(child(json.loads(args.child)))
+        return 0
+    if args.quick:
+        args.chains, args.draws = [64], 50
+    unknown = [t for t in args.targets if t not in C.TARGETS] + [m for m in args.methods if m not in METHODS]
+    if unknown:
+        ap.error(f"unknown target/method {unknown}; targets {list(C.TARGETS)}, methods {list(METHODS)}")
+    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    if args.dhmc_compile_cache == "off":
+        env["DHMC_COMPILATION_CACHE"] = "0"
+    rows = []
+    started = time.perf_counter()
+    for rep in range(args.repeat):
+        for cfg in configs(args):
+            t = time.perf_counter()
+            rec = C.run_child([str(Path(__file__).resolve()), "--child", json.dumps(cfg)], args.timeout, env)
+            rec = {**cfg, **rec, "repeat": rep, "loadavg_after": os.getloadavg()[0]}
+            rows.append(rec)
+            status = rec.get("error") or (f"cold {rec.get('cold_s', float('nan')):.2f} s, "
+                                          f"warm {rec.get('warm_s') or float('nan'):.2f} s")
+            print(f"[{time.perf_counter() - t:6.1f} s] {cfg['target']:>11s} {cfg['chains']:>6d} {cfg['method']:>11s}: "
+                  f"{status}", flush=True)
+    add_ratios(rows)
+    payload = {"benchmark": "throughput", "machine": C.machine(), "wall_s": time.perf_counter() - started,
+               "settings": {"draws": args.draws, "num_steps": args.num_steps, "step_size": args.step_size,
+                            "dhmc_compile_cache": args.dhmc_compile_cache, "repeat": args.repeat,
+                            "chains_per_task": args.chains_per_task},
+               "notes": ["t/t_dhmc > 1: dhmc faster", "dhmc cold includes starting and stopping its embedded cluster",
+                         "grad evals = chains x draws x num_steps"],
+               "runs": rows}
+    path = C.write_json(args.out, payload)
+    print()
+    print(C.table(rows, COLUMNS))
+    print()
+    print(dhmc_breakdown(rows))
+    for r in rows:
+        if "error" in r:
+            print(f"ERROR {r['target']} {r['chains']} {r['method']}: {r['error']}\n{r.get('stderr_tail', '')[-800:]}")
+    print(f"\nwrote {path}")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
