@@ -47,18 +47,21 @@ def leapfrog(
     inverse_mass_matrix: Array,
     num_steps: Array,
 ) -> IntegratorState:
-    """Integrate ``num_steps`` velocity-Verlet steps; one gradient evaluation per step.
+    """Integrate ``num_steps`` velocity-Verlet steps: one gradient per step, one log density at the end.
 
-    ``num_steps`` may be traced; it must be the same for every chain of a vmapped ensemble
-    so that the loop stays a loop rather than a masked while.
+    Only gradients drive the trajectory, so the log density itself (often the dearer half: a
+    log1p per likelihood term where the gradient needs only a sigmoid) is evaluated once, at the
+    end point, for the Metropolis test. ``num_steps`` may be traced; it must be the same for every
+    chain of a vmapped ensemble so that the loop stays a loop rather than a masked while.
     """
-    value_and_grad = jax.value_and_grad(logdensity_fn)
+    grad_fn = jax.grad(logdensity_fn)
 
-    def one_step(_, s: IntegratorState) -> IntegratorState:
-        p = s.momentum + 0.5 * step_size * s.logdensity_grad
-        x = s.position + step_size * velocity(inverse_mass_matrix, p)
-        logdensity, grad = value_and_grad(x)
+    def one_step(_, s):
+        x, p, grad = s
         p = p + 0.5 * step_size * grad
-        return IntegratorState(x, p, logdensity, grad)
+        x = x + step_size * velocity(inverse_mass_matrix, p)
+        grad = grad_fn(x)
+        return x, p + 0.5 * step_size * grad, grad
 
-    return jax.lax.fori_loop(0, num_steps, one_step, state)
+    x, p, grad = jax.lax.fori_loop(0, num_steps, one_step, (state.position, state.momentum, state.logdensity_grad))
+    return IntegratorState(x, p, logdensity_fn(x), grad)
