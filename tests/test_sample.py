@@ -135,3 +135,16 @@ def test_fixed_parameters_without_adaptation(client2, kernel):
     else:  # jittered: ceil(u * 5) with u in (0, 1), shared by all chains
         assert steps.min() >= 1 and steps.max() <= 5 and len(np.unique(steps)) > 1
         assert np.all(steps == steps[:1])
+
+
+def test_tls_cluster(tmp_path):
+    """A cluster whose every connection is TLS: dhmc only needs its Client."""
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    security = Security.temporary()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", protocol="tls://",
+                      security=security, dashboard_address=None) as cluster, Client(cluster, security=security) as c:
+        assert c.scheduler.address.startswith("tls://")
+        trace = dhmc.sample("gaussian_2d", chains=32, draws=100, warmup=100, cluster=c, progress=False)
+    assert trace["posterior"]["x"].shape == (32, 100, 2)
