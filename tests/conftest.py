@@ -44,6 +44,7 @@ def within_mc_error(draws, exact_mean, exact_sd, z=4.5):
     ess = float(az.ess(draws, method="bulk"))
     mean, sd = draws.mean(), draws.std()
     mcse = sd / np.sqrt(ess)
-    assert abs(mean - exact_mean) < z * mcse, f"mean {mean:.5f} vs exact {exact_mean:.5f} (mcse {mcse:.2g}, ess {ess:.0f})"
+    assert abs(mean - exact_mean) < z * mcse, (
+        f"mean {mean:.5f} vs exact {exact_mean:.5f} (mcse {mcse:.2g}, ess {ess:.0f})")
     tol = max(0.05, 3 / np.sqrt(ess))
     assert abs(sd / exact_sd - 1) < tol, f"sd {sd:.5f} vs exact {exact_sd:.5f} (tolerance {tol:.2%})"
