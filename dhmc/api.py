@@ -104,6 +104,11 @@ def sample(
         raise ValueError(f"num_steps must be at least 1, got {num_steps}")
     if kernel == "hmc" and num_steps is None and trajectory_length is None:
         num_steps = 10
+    if warmup == 0 and adapt:
+        if step_size is None:
+            raise ValueError("warmup=0 leaves nothing to adapt: give warmup > 0, or adapt=False with step_size and "
+                             "num_steps (or trajectory_length)")
+        adapt = False
     if not adapt and (step_size is None or (num_steps is None and trajectory_length is None)):
         raise ValueError("adapt=False needs step_size and num_steps (or trajectory_length)")
 

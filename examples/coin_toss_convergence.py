@@ -72,8 +72,8 @@ def main(argv=None):
     from distributed import Client, LocalCluster
 
     t0 = time.perf_counter()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0")
+    with cluster, Client(cluster) as client:
         # Growing number of draws. The runs are nested (each chain's random numbers depend only on the
         # seed, the chain and the iteration), so one run of max_draws holds every shorter run as a prefix.
         by_draws = {T: ensemble_moments(run(chains, max_draws, T, step_size, args.seed, client))
@@ -84,7 +84,8 @@ def main(argv=None):
         # Growing trajectory time at a fixed, small number of draws.
         by_time = np.array([[m[-1] for m in ensemble_moments(run(chains, fixed_draws, T, step_size, args.seed,
                                                                  client))] for T in times])  # (T, mean|sd, coin)
-    print(f"{len(times) + 2} runs of {chains} chains in {time.perf_counter() - t0:.1f} s")
+    runs = len(times) + 2 + (0 if args.quick else 1)
+    print(f"{runs} runs of {chains} chains in {time.perf_counter() - t0:.1f} s")
     print(f"exact posterior means {EXACT_MEAN.round(4)}, sds {EXACT_SD.round(4)}; MAPs {MAP}")
     for n in (1, 3, 10, 30, 100, 300, 500):
         if n <= max_draws:
@@ -109,26 +110,33 @@ def main(argv=None):
                     ax.plot(times, by_time[:, row, c], "o-", color=COLOURS[c], ms=3.5, lw=1.2)
             if row == 0:
                 ax.axhline(MAP[1], color="k", ls=(0, (1, 1.5)), lw=1.2,
-                           label="coin 1 MAP 30/40 = 0.75" if col == 0 else None)
+                           label="MAP of coin 1: 30/40 = 0.75" if col == 0 else None)
             ax.grid(alpha=0.3, which="both")
             ax.set_ylabel(f"ensemble {name} of p" if col == 0 else "")
         axes[row, 0].set_xscale("log")
         axes[row, 0].set_xlabel("number of draws N")
         axes[row, 1].set_xlabel(f"trajectory time T = step size x steps  (N = {fixed_draws} draws)")
-    axes[0, 0].plot([], [], "k--", lw=1, label="exact posterior ±2 MC s.e.")
-    axes[0, 0].legend(loc="upper right", fontsize=7.5, ncol=2)
+    axes[0, 0].plot([], [], "k--", lw=1, label="exact posterior (±2 MC s.e.)")
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=6, fontsize=8, frameon=False)
+    for row in range(2):
+        for T in (good_time, bad_time):
+            axes[row, 1].axvline(T, color="0.4", lw=0.8, ls=(0, (4, 3)), zorder=0)
+    axes[1, 1].text(good_time, 0.98, f" T = {good_time}", transform=axes[1, 1].get_xaxis_transform(), fontsize=7.5,
+                    va="top", color="0.3")
+    axes[1, 1].text(bad_time, 0.98, f" T = {bad_time}", transform=axes[1, 1].get_xaxis_transform(), fontsize=7.5,
+                    va="top", color="0.3")
     axes[0, 0].set_title(f"same initial ensemble, growing number of draws (step {step_size})", fontsize=10)
     axes[0, 1].set_title("same initial ensemble, growing trajectory time", fontsize=10)
     fig.suptitle(f"Coin toss: {chains} HMC chains from one initial ensemble converge to the exact posterior "
                  "Beta(21,21), Beta(31,11)", fontsize=11.5)
     fig.text(0.5, 0.01,
-             "Dashed: exact posterior mean (21/42 = 0.5, 31/42 = 0.738) and sd, shaded ±2 Monte Carlo standard errors "
-             "for this ensemble. Dotted black: the MAP of coin 1, 30/40 = 0.75;\nBeta(31,11) is skewed, its mean lies "
-             "below its mode, so an average over draws converges to 0.738, not 0.75. With T near half an "
-             "oscillation period\n(about 1.0 here) fixed-length HMC maps the ensemble onto its mirror image and the sd "
-             "stalls: the reason dhmc's default kernel, ChEES, jitters the trajectory time.",
+             "Dashed: exact posterior mean (21/42 = 0.5, 31/42 = 0.738) and sd, shaded ±2 Monte Carlo standard "
+             "errors for this ensemble. Dotted black: the MAP of coin 1, 30/40 = 0.75;\nBeta(31,11) is skewed, its "
+             "mean lies below its mode, so an average over draws converges to 0.738, not 0.75. With T near half an "
+             "oscillation period\n(1.0 for coin 0, 1.35 for coin 1) fixed-length HMC maps the ensemble onto its "
+             "mirror image and the sd stalls: the reason dhmc's default kernel, ChEES, jitters the trajectory time.",
              ha="center", va="bottom", fontsize=8.3)
-    fig.tight_layout(rect=(0, 0.085, 1, 0.96))
+    fig.tight_layout(rect=(0, 0.085, 1, 0.945))
     path = out / "coin_toss_convergence.png"
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")

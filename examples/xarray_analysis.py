@@ -112,11 +112,12 @@ def main(argv=None):
 
     ax = axes[1, 1]
     for c in running_ten.chain.values:
-        ax.plot(running_ten.draw, running_ten.sel(chain=c), lw=0.8, alpha=0.6,
+        ax.plot(n, running_ten.sel(chain=c), lw=0.8, alpha=0.6,
                 label="one chain (chains 0-9)" if c == 0 else None)
-    ax.plot(running_all.draw, running_all, color="k", lw=2, label=f"mean over all {chains} chains")
+    ax.plot(n, running_all, color="k", lw=2, label=f"mean over all {chains} chains")
     ax.axhline(float(means.mu), color="tab:orange", ls="--", lw=1, label="posterior mean of mu")
-    ax.set(xlabel="draw", ylabel="running mean of mu", title="running mean of mu: chains 0-9 (.sel) and all")
+    ax.set(xscale="log", xlabel="number of draws N", ylabel="mean of mu over the first N draws",
+           title="running mean of mu: chains 0-9 (.sel) and all")
     ax.legend(fontsize=8, loc="upper right")
     for ax in axes.ravel():
         ax.title.set_fontsize(10.5)

@@ -135,6 +135,7 @@ def test_api_errors_name_the_problem():
         (dict(target=lambda p: -jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, kernel="bogus"), "bogus"),
         (dict(target=42), "target"),
         (dict(target="coin_toss", chains=-1), "chains"),
+        (dict(target="coin_toss", warmup=0), "warmup=0"),
     ]
     for kwargs, word in cases:
         kwargs = {"chains": 8, "draws": 10, "warmup": 10, "progress": False, **kwargs}

@@ -13,11 +13,17 @@ class Progress:
         self.total, self.done, self.stream = total_blocks, 0, stream
         self.start = time.perf_counter()
         self.chain_draws = 0
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.last = float("-inf")
         if dashboard:
             print(f"dhmc: dashboard {dashboard}", file=stream, flush=True)
 
     def _show(self, text: str) -> None:
-        print(f"\rdhmc: {text}\033[K", end="", file=self.stream, flush=True)
+        if self.tty:
+            print(f"\rdhmc: {text}\033[K", end="", file=self.stream, flush=True)
+        elif time.perf_counter() - self.last >= 5.0:  # a log file gets a line every few seconds
+            print(f"dhmc: {text}", file=self.stream, flush=True)
+            self.last = time.perf_counter()
 
     def warmup(self, round_index: int, rounds: int, chunks_done: int, chunks: int) -> None:
         self._show(f"warmup round {round_index + 1}/{rounds}, {chunks_done}/{chunks} blocks")
@@ -30,4 +36,5 @@ class Progress:
         self._show(f"sampling {self.done}/{self.total} blocks, {rate:,.0f} chain-draws/s")
 
     def close(self) -> None:
-        print(file=self.stream, flush=True)
+        if self.tty:
+            print(file=self.stream, flush=True)

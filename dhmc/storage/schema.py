@@ -91,4 +91,6 @@ def to_datatree(layout: Layout, arrays: dict[str, dict[str, np.ndarray]], attrs:
     for group, values in (extra_groups or {}).items():
         data = {k: xr.Variable([f"{k}_dim_{i}" for i in range(np.ndim(v))], np.asarray(v)) for k, v in values.items()}
         tree[group] = xr.Dataset(data, attrs=attrs)
-    return xr.DataTree.from_dict(tree)
+    result = xr.DataTree.from_dict(tree)
+    result.attrs.update(attrs)
+    return result
