@@ -50,11 +50,15 @@ def _parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("scale", help="strong or weak scaling study, or time vs chains on one worker")
     sc.add_argument("kind", choices=["strong", "weak", "chains"])
-    sc.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    sc.add_argument("--workers", default=None, help="comma-separated worker counts (strong/weak: default 1,2)")
     sc.add_argument("--chains", default=None, help="total chains (strong) or a comma-separated list (chains)")
     sc.add_argument("--chains-per-worker", type=int, default=None, help="chains per worker (weak)")
     sc.add_argument("--draws", type=int, default=400)
-    sc.add_argument("--model", default="gaussian_2d")
+    sc.add_argument("--model", default="gaussian_2d", help="a built-in model, or several comma-separated")
+    sc.add_argument("--chains-per-task", type=int, default=None)
+    sc.add_argument("--step-size", type=float, default=None)
+    sc.add_argument("--num-steps", type=int, default=None)
+    sc.add_argument("--seed", type=int, default=0)
     sc.add_argument("--repeat", type=int, default=3)
     sc.add_argument("--out", required=True, help="folder for scaling.json and the plots")
     _cluster_args(sc, progress=False)
@@ -147,10 +151,14 @@ def _scale(args) -> int:
 
     ints = lambda text: [int(v) for v in str(text).split(",")] if text else None
     chains = ints(args.chains)
-    result = run_study(args.kind, ints(args.workers), chains=chains[0] if chains and args.kind != "chains" else None,
-                       chains_per_worker=args.chains_per_worker, draws=args.draws, model=args.model,
-                       cluster=args.cluster, repeat=args.repeat, out=args.out,
-                       chains_list=chains if args.kind == "chains" else None)
+    workers = ints(args.workers) or (None if args.kind == "chains" else [1, 2])
+    models = args.model.split(",")
+    result = run_study(args.kind, workers, chains=chains[0] if chains and args.kind != "chains" else None,
+                       chains_per_worker=args.chains_per_worker, draws=args.draws,
+                       model=models[0] if len(models) == 1 else models, cluster=args.cluster, repeat=args.repeat,
+                       out=args.out, chains_list=chains if args.kind == "chains" else None,
+                       chains_per_task=args.chains_per_task, step_size=args.step_size, num_steps=args.num_steps,
+                       seed=args.seed, cluster_options=dict(args.cluster_option))
     for run in result["runs"]:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in run.items()))
     print(f"wrote {args.out}/scaling.json")

@@ -79,6 +79,13 @@ def _series(studies: Sequence[dict]) -> list[tuple[str, list[dict]]]:
     return out
 
 
+def _busy(run: dict) -> str:
+    """A warning for a point measured while the workers did not get their cores (a busy machine)."""
+    share = run.get("cpu_share")
+    busy = share is not None and share < 0.75 and run.get("cpu_workers", True)
+    return f"\n(busy: CPU {share:.0%})" if busy else ""
+
+
 def _hosts_differ(studies) -> bool:
     return len({s.get("machine", {}).get("hostname") for s in studies}) > 1
 
@@ -116,6 +123,7 @@ def _workers_axis(ax, workers: list[int]) -> None:
     ax.set_xticks(workers)
     ax.set_xticklabels([str(w) for w in workers])
     ax.set_xlabel("workers")
+    ax.margins(x=0.12)
     ax.grid(True, alpha=0.3)
 
 
@@ -140,8 +148,9 @@ def _speedup(series, kind, studies, path: Path) -> Path:
         err = [[max(0.0, r["speedup"] - r.get("speedup_min", r["speedup"])) for r in runs],
                [max(0.0, r.get("speedup_max", r["speedup"]) - r["speedup"]) for r in runs]]
         ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
-        for xi, yi in zip(x, y, strict=True):
-            ax.annotate(f"{yi:.2f}x", (xi, yi), textcoords="offset points", xytext=(6, -12), fontsize=8)
+        for r, xi, yi in zip(runs, x, y, strict=True):
+            ax.annotate(f"{yi:.2f}x{_busy(r)}", (xi, yi), textcoords="offset points", xytext=(7, -5), va="top",
+                        fontsize=8)
     _workers_axis(ax, workers)
     if hi / lo >= 8:
         ax.set_yscale("log", base=2)
@@ -163,8 +172,9 @@ def _efficiency(series, kind, studies, path: Path) -> Path:
         err = [[max(0.0, r["efficiency"] - r.get("speedup_min", r["speedup"]) / r["workers"]) for r in runs],
                [max(0.0, r.get("speedup_max", r["speedup"]) / r["workers"] - r["efficiency"]) for r in runs]]
         ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
-        for xi, yi in zip(x, y, strict=True):
-            ax.annotate(f"{yi:.0%}", (xi, yi), textcoords="offset points", xytext=(6, -12), fontsize=8)
+        for r, xi, yi in zip(runs, x, y, strict=True):
+            ax.annotate(f"{yi:.0%}{_busy(r)}", (xi, yi), textcoords="offset points", xytext=(7, -5), va="top",
+                        fontsize=8)
         top = max(top, *(r.get("speedup_max", r["speedup"]) / r["workers"] * 1.05 for r in runs))
     _workers_axis(ax, workers)
     ax.set_ylim(0.0, top)

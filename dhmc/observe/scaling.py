@@ -166,6 +166,7 @@ def run_study(
                 step, steps = settings[m]
                 record = _time_point(client, m, n, c, draws, cpt_of(c), step, steps, seed, repeat, dps_cache)
                 record.update(cluster_start_seconds=cluster_seconds, pinned=clusters.pinned(n),
+                              fresh_workers=clusters.restarted is not False, cpu_workers=clusters.cpu_workers,
                               load_average=_loadavg())
                 runs.append(record)
                 say(f"  {m}: {n} worker(s), {c} chains: {record['seconds']:.3f} s "
@@ -180,6 +181,10 @@ def run_study(
     from dhmc.observe import plots
 
     result["plots"] = [p.name for p in plots.plot_study(result, out)]
+    busy = [r for r in runs if r["cpu_workers"] and r.get("cpu_share") is not None and r["cpu_share"] < 0.75]
+    if busy:
+        say(f"dhmc scale {kind}: warning: at {len(busy)} of {len(runs)} points the workers got under 75% of their "
+            "cores (other work on this machine); the speedups are not reliable")
     result["complete"] = True
     result["wall_seconds"] = time.perf_counter() - t_study
     _write(result, out)
@@ -418,6 +423,7 @@ class _Clusters:
         self.spec, self.options, self.workers = cluster, dict(options or {}), workers
         self.client = self.close = None
         self.original = None  # a user's cluster is scaled back to its size at the end
+        self.restarted = None  # whether the last get() restarted the workers (None: started fresh)
 
     def __enter__(self):
         return self
@@ -430,6 +436,11 @@ class _Clusters:
             with suppress(Exception):
                 self.close()
         self.client = self.close = None
+
+    @property
+    def cpu_workers(self) -> bool:
+        """Whether the workers compute on CPUs (their CPU share then says whether they had their cores)."""
+        return not (self.spec == "cuda" or "CUDA" in type(getattr(self.spec, "cluster", self.spec)).__name__)
 
     @property
     def embedded(self) -> bool:
@@ -450,18 +461,41 @@ class _Clusters:
         if self.embedded:
             self.client, self.close = connect("local", {**self.options, "n_workers": n})
             return self.client
+        if self.client is None and self.spec in ("cuda", "slurm"):
+            # a cluster started here for this point: its workers are fresh already
+            kind = self.spec
+            opts = {"n_workers": n} if kind == "cuda" else {"jobs": n}
+            self.client, self.close = connect(kind, {**self.options, **opts})
+            self._wait(n)
+            return self.client
         if self.client is None:
-            if self.spec == "cuda":
-                self.client, self.close = connect("cuda", {**self.options, "n_workers": n})
-            elif self.spec == "slurm":
-                self.client, self.close = connect("slurm", {**self.options, "jobs": n})
-            else:
-                self.client, self.close = connect(self.spec, self.options)
-                self.original = _count(self.client) if self._scalable() else None
+            self.client, self.close = connect(self.spec, self.options)
+            self.original = _count(self.client) if self._scalable() else None
+        # Fresh workers for every point: retire the surplus, restart the rest, then add the missing ones
+        # (new workers start fresh; restarting a worker that has only just joined can stall).
+        if not self._scalable() or _count(self.client) > n:
+            self._scale(n)  # an unscalable cluster: refused here unless it has n workers
+        self._restart()
         self._scale(n)
-        self.client.restart(wait_for_workers=True, timeout=600 if self.spec == "slurm" else 180)
-        self._wait(n)
         return self.client
+
+    def _restart(self) -> None:
+        import dask
+
+        timeout = 600 if self.spec == "slurm" else 180
+        if not all(w.get("nanny") for w in _workers(self.client).values()):
+            self.restarted = False  # restart would only shut down workers without a Nanny: keep them
+            return
+        self.restarted = True
+        try:
+            # A SpecCluster (LocalCluster, LocalCUDACluster) closes a worker's Nanny for good when no worker
+            # of that name re-registers within lost-worker-timeout (15 s) of leaving the scheduler, which a
+            # restart on a busy machine can exceed: then the restart never completes. Give it the restart's time.
+            with dask.config.set({"distributed.deploy.lost-worker-timeout": f"{timeout}s"}):
+                self.client.restart(wait_for_workers=True, timeout=timeout)
+        except TimeoutError as e:
+            msg = f"restarting the workers between points did not finish within {timeout} s ({e})"
+            raise ScalingError(msg) from None
 
     def release(self, n: int) -> None:
         if self.embedded and self.close is not None:
@@ -529,7 +563,7 @@ def _cluster_info(client) -> dict:
 
 def _busy(record) -> str:
     share = record.get("cpu_share")
-    if share is None:
+    if share is None or not record.get("cpu_workers", True):
         return ""
     note = f", workers' CPU share {share:.0%}"
     return note + (" (the machine is busy: timings are unreliable)" if share < 0.75 else "")

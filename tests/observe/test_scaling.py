@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -74,7 +75,25 @@ def test_study_scales_a_given_cluster_and_restores_it(tmp_path):
         _check_schema(result, "weak", tmp_path)
         assert [(r["workers"], r["chains"]) for r in result["runs"]] == [(1, 4), (2, 8)]
         assert (tmp_path / "time_per_chain.png").is_file()
-        assert len(cluster.workers) == 1  # scaled back to its size
+        deadline = time.monotonic() + 60
+        while len(cluster.scheduler_info["workers"]) != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(cluster.scheduler_info["workers"]) == 1  # scaled back to its size
+
+
+def test_restart_between_points_outlasts_the_lost_worker_timeout():
+    """A SpecCluster closes a worker whose restart takes longer than ``lost-worker-timeout`` (15 s;
+    a busy machine gets there); the study's restart must survive that (here: with a 0.05 s timeout)."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "0.05s"}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address="127.0.0.1:0") as cluster, scaling._Clusters(cluster, None, [1]) as clusters:
+        before = set(cluster.scheduler_info["workers"])
+        client = clusters.get(1)
+        assert len(client.scheduler_info()["workers"]) == 1
+        assert set(client.scheduler_info()["workers"]) != before  # a fresh worker process
 
 
 def test_unscalable_address_needs_its_own_worker_count(tmp_path):
