@@ -113,6 +113,31 @@ def run_child(argv: list[str], timeout: float, env: dict | None = None) -> dict:
     return record
 
 
+def run_child_fresh_cache(argv: list[str], timeout: float, env: dict | None = None, cache: str = "fresh") -> dict:
+    """``run_child`` with dhmc's persistent compilation cache set per ``cache``.
+
+    ``fresh``: an empty cache folder for this process only (dhmc's workers share compiled programs through it,
+    as they do for a user, but nothing from an earlier run is reused: cold stays cold); ``off``: no cache;
+    ``user``: dhmc's default folder, possibly warm from earlier runs (what the contract check sees).
+    """
+    import shutil
+    import tempfile
+
+    env = dict(env or {})
+    folder = None
+    if cache == "off":
+        env["DHMC_COMPILATION_CACHE"] = "0"
+    elif cache == "fresh":
+        folder = tempfile.mkdtemp(prefix="dhmc-bench-cache-")
+        env["DHMC_CACHE_DIR"] = folder
+        env["DHMC_COMPILATION_CACHE"] = "1"
+    try:
+        return run_child(argv, timeout, env)
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _tail(text, n: int = 2000) -> str:
     if text is None:
         return ""
@@ -305,11 +330,17 @@ def blackjax_sampler(flat_logdensity, eps: float, num_steps: int, draws: int, di
 
 
 def numpyro_mcmc(target: Target, eps: float, num_steps: int, draws: int, chains: int, chain_method: str):
-    """NumPyro ``MCMC(HMC)`` with fixed step size and steps, no warmup, no adaptation."""
+    """NumPyro ``MCMC(HMC)`` with fixed step size and steps, no warmup, no adaptation.
+
+    ``trajectory_length=None`` matters: NumPyro's default ``trajectory_length=2*pi`` together with
+    ``num_steps`` silently replaces the step size by ``2*pi / num_steps`` (numpyro 0.22,
+    ``hmc.py``: "makes sure trajectory length is constant"), so ``HMC(step_size=0.02, num_steps=10)``
+    integrates with step 0.628. Same gradient count, different HMC.
+    """
     from numpyro.infer import HMC, MCMC
 
-    kernel = HMC(target.numpyro_model, step_size=eps, num_steps=num_steps, adapt_step_size=False,
-                 adapt_mass_matrix=False)
+    kernel = HMC(target.numpyro_model, step_size=eps, num_steps=num_steps, trajectory_length=None,
+                 adapt_step_size=False, adapt_mass_matrix=False)
     return MCMC(kernel, num_warmup=0, num_samples=draws, num_chains=chains, chain_method=chain_method,
                 progress_bar=False)
 
@@ -364,7 +395,9 @@ class DhmcProbe:
 
             def timed_close():
                 with _suppress():
-                    probe.task_stream = _summarise_stream(client.get_task_stream(), since=probe.wall_start)
+                    records = client.get_task_stream()
+                    probe.task_stream = _summarise_stream(records, since=probe.wall_start)
+                    probe._match_blocks(records)
                 t = time.perf_counter()
                 try:
                     return close()
@@ -387,7 +420,8 @@ class DhmcProbe:
             out = original_result(runner, future, job, key)
             probe.blocks.append({"phase": job.phase, "chains": job.chain_stop - job.chain_start,
                                  "iterations": job.num_iterations, "seconds": out.get("seconds"),
-                                 "compile_seconds": out.get("compile_seconds"), "received": time.perf_counter()})
+                                 "compile_seconds": out.get("compile_seconds"), "received": time.time(),
+                                 "key": getattr(future, "key", None)})
             return out
 
         Runner._result = _result
@@ -398,6 +432,17 @@ class DhmcProbe:
         for owner, name, original in reversed(self._undo):
             setattr(owner, name, original)
         self._undo.clear()
+
+    def _match_blocks(self, records) -> None:
+        """Per block: when its task started and stopped computing on the worker (wall clock)."""
+        spans = {}
+        for r in records or []:
+            for ss in r.get("startstops", []):
+                if ss.get("action") == "compute":
+                    spans[r.get("key")] = (ss["start"], ss["stop"], r.get("worker"))
+        for b in self.blocks:
+            if b["key"] in spans:
+                b["compute_start"], b["compute_stop"], b["worker"] = spans[b["key"]]
 
     def summary(self) -> dict:
         sample = [b for b in self.blocks if b["phase"] == "sample"]
@@ -411,6 +456,19 @@ class DhmcProbe:
             out["iterations_per_block"] = sample[0]["iterations"]
         if self.task_stream:
             out["task_stream"] = self.task_stream
+        matched = [b for b in sample if "compute_stop" in b]
+        if matched:
+            # the worker finished a block -> the driver had its result in hand (transfer + driver queueing)
+            lags = [b["received"] - b["compute_stop"] for b in matched]
+            out["result_lag_s_mean"] = sum(lags) / len(lags)
+            out["result_lag_s_max"] = max(lags)
+            # worker time in a task beyond the block's compile + device seconds (unpickling, imports, metrics)
+            extra = [b["compute_stop"] - b["compute_start"] - b["seconds"] - b["compile_seconds"] for b in matched]
+            out["task_overhead_s_mean"] = sum(extra) / len(extra)
+            out["task_overhead_s_first"] = max(extra)
+            first = min(b["compute_start"] for b in matched)
+            out["first_task_start_after_call_s"] = first - self.wall_start
+            out["last_result_after_call_s"] = max(b["received"] for b in matched) - self.wall_start
         return out
 
 
@@ -449,3 +507,29 @@ def _summarise_stream(records, since: float = 0.0) -> dict:
         d["first_start"] = d["first_start"] - t0 if d["first_start"] is not None else None
         d["last_stop"] = d["last_stop"] - t0 if d["last_stop"] is not None else None
     return {str(k): v for k, v in per.items()}
+
+
+# -- eight schools (non-centred) as a plain JAX log density ---------------------------------------------------
+
+
+def eight_schools_logdensity(sigma, y):
+    """Unconstrained log density of dhmc's ``eight_schools_model``: (mu, log_tau, theta_tilde).
+
+    mu ~ N(0, 5), tau ~ HalfCauchy(5) (sampled as log tau, log-Jacobian included), theta_tilde ~ N(0, 1),
+    y ~ N(mu + tau theta_tilde, sigma).
+    """
+    import jax.numpy as jnp
+
+    sigma, y = jnp.asarray(sigma, jnp.float32), jnp.asarray(y, jnp.float32)
+
+    def normal(x, loc, scale):
+        return -0.5 * ((x - loc) / scale) ** 2 - jnp.log(scale) - 0.5 * jnp.log(2 * jnp.pi)
+
+    def logdensity(p):
+        mu, log_tau, tt = p["mu"], p["log_tau"], p["theta_tilde"]
+        tau = jnp.exp(log_tau)
+        half_cauchy = jnp.log(2.0 / (jnp.pi * 5.0)) - jnp.log1p((tau / 5.0) ** 2)
+        return (normal(mu, 0.0, 5.0) + half_cauchy + log_tau + jnp.sum(normal(tt, 0.0, 1.0))
+                + jnp.sum(normal(y, mu + tau * tt, sigma)))
+
+    return logdensity

@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 
-def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, chains_per_task=None) -> dict:
+def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, chains_per_task=None,
+            full_floor: bool = True) -> dict:
     import cloudpickle
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from dhmc.api import _layout
-    from dhmc.core.ensemble import KernelConfig
     from dhmc.distributed import worker
     from dhmc.distributed.runner import RunSpec, initial_params
     from dhmc.models import LogDensityTarget
@@ -79,11 +79,12 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     out["floor_block_device_s"], _ = C.timed(lambda: compiled(keys[:cpt], init[:cpt]))
     out["floor_block_device_s"], _ = C.timed(lambda: compiled(keys[:cpt], init[:cpt]))
 
-    f = C.floor_sampler(target.flat, eps, steps, draws)
-    t = time.perf_counter()
-    compiled_all = f.lower(keys, init).compile()
-    out["floor_compile_s"] = time.perf_counter() - t
-    out["floor_device_s"], _ = C.timed(lambda: compiled_all(keys, init))
+    if full_floor:
+        f = C.floor_sampler(target.flat, eps, steps, draws)
+        t = time.perf_counter()
+        compiled_all = f.lower(keys, init).compile()
+        out["floor_compile_s"] = time.perf_counter() - t
+        out["floor_device_s"], _ = C.timed(lambda: compiled_all(keys, init))
 
     # dhmc block again (the machine's load drifts: take the better of two)
     r = worker.run_job(job("cold"))
@@ -117,6 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--num-steps", type=int, default=10)
     ap.add_argument("--step-size", type=float, default=0.02)
     ap.add_argument("--chains-per-task", type=int, default=None)
+    ap.add_argument("--no-full-floor", action="store_true", help="skip the floor over the whole ensemble")
     ap.add_argument("--quick", action="store_true", help="64 chains x 50 draws")
     ap.add_argument("--out", default=str(C.RESULTS / "dhmc_overhead.json"))
     args = ap.parse_args(argv)
@@ -124,7 +126,9 @@ def main(argv=None) -> int:
         args.chains, args.draws = 64, 50
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("DHMC_COMPILATION_CACHE", "0")
-    res = measure(args.target, args.chains, args.draws, args.num_steps, args.step_size, args.chains_per_task)
+    res = measure(args.target, args.chains, args.draws, args.num_steps, args.step_size, args.chains_per_task,
+                  not args.no_full_floor)
+    res["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     payload = {"benchmark": "dhmc_overhead", "machine": C.machine(), "result": res}
     path = C.write_json(args.out, payload)
     w = max(len(k) for k in res)

@@ -13,11 +13,13 @@ points, no adaptation, no warmup: every sampler does chains x draws x num_steps 
   (only up to ``--sequential-max`` chains).
 
 Cold = first call in a fresh process (compile included); warm = the second call in the same process.
-Each (target, sampler, chains) runs in its own process. Writes ``results/throughput.json``.
+NumPyro re-traces and recompiles on every ``MCMC.run`` (and once per chain when sequential), so its
+"warm" number still includes compiling. Each (target, sampler, chains) runs in its own process.
+Writes ``results/throughput.json``.
 
     python benchmarks/throughput.py                         # full: 64 .. 16384 chains, 3 targets
     python benchmarks/throughput.py --chains 1024 --targets logistic   # the contract's size
-    python benchmarks/throughput.py --quick                 # tiny, ~1-2 minutes
+    python benchmarks/throughput.py --quick                 # tiny: 4 chains x 50 draws
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ def child(cfg: dict) -> dict:
     init = target.init(chains)
     method = cfg["method"]
     out = {**cfg, "target_name": target.name, "dim": target.dim}
+    if cfg.get("gpu"):
+        import jax
+
+        out["jax_devices"] = [str(d) for d in jax.devices()]
     if method == "dhmc":
         out.update(_child_dhmc(cfg, target, init))
     elif method in ("floor", "blackjax"):
@@ -123,17 +129,44 @@ def _child_dhmc(cfg, target, init) -> dict:
         timing = json.loads(tree["posterior"].attrs["dhmc_timing"])
         return seconds, x, timing, probe.summary()
 
-    out["cold_s"], x, out["dhmc_timing_cold"], out["probe_cold"] = call(None)
+    from distributed import Client, LocalCluster
+
+    def make_cluster():
+        """The warm run's cluster: one worker per core on CPUs; one worker per GPU with --gpu."""
+        if cfg.get("gpu"):
+            if _have_dask_cuda():
+                from dask_cuda import LocalCUDACluster
+
+                return LocalCUDACluster(threads_per_worker=1, dashboard_address="127.0.0.1:0", host="127.0.0.1")
+            return LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                                host="127.0.0.1")
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                            host="127.0.0.1")
+
+    if cfg.get("gpu"):
+        # cold on a GPU: dhmc's own "cuda" cluster (dask-cuda), else a 1-worker LocalCluster started inside
+        # the timed call (the embedded default would start one JAX worker per CPU core, all on the GPU)
+        if _have_dask_cuda():
+            out["cluster_kind"] = "cuda"
+            out["cold_s"], x, out["dhmc_timing_cold"], out["probe_cold"] = call("cuda")
+        else:
+            out["cluster_kind"] = "LocalCluster(1 worker)"
+            t = time.perf_counter()
+            with make_cluster() as cluster:
+                start = time.perf_counter() - t
+                seconds, x, out["dhmc_timing_cold"], out["probe_cold"] = call(cluster)
+                t2 = time.perf_counter()
+            out["cold_s"] = start + seconds + (time.perf_counter() - t2)
+            out["cold_cluster_start_s"] = start
+    else:
+        out["cluster_kind"] = "embedded default"
+        out["cold_s"], x, out["dhmc_timing_cold"], out["probe_cold"] = call(None)
     out["mean0"] = float(np.asarray(x)[..., 0].mean())
     if cfg["warm"]:
-        from distributed import Client, LocalCluster
-
-        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         t = time.perf_counter()
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                               host="127.0.0.1")
+        cluster = make_cluster()
         client = Client(cluster)
-        client.wait_for_workers(n)
         out["warm_cluster_start_s"] = time.perf_counter() - t
         try:
             out["first_on_cluster_s"], _, out["dhmc_timing_first_on_cluster"], _ = call(client)
@@ -142,6 +175,14 @@ def _child_dhmc(cfg, target, init) -> dict:
             client.close()
             cluster.close()
     return out
+
+
+def _have_dask_cuda() -> bool:
+    try:
+        import dask_cuda  # noqa: F401
+    except Exception:  # noqa: BLE001 - missing, or broken against this dask
+        return False
+    return True
 
 
 # -- the driver ----------------------------------------------------------------------------------------------
@@ -154,9 +195,12 @@ def configs(args) -> list[dict]:
             for method in args.methods:
                 if method == "numpyro_seq" and chains > args.sequential_max:
                     continue
+                cpt = args.chains_per_task
+                if args.gpu and cpt is None:
+                    cpt = min(chains, 2**16)  # a GPU wants the whole ensemble in one block
                 out.append({"target": target, "method": method, "chains": chains, "draws": args.draws,
                             "num_steps": args.num_steps, "step_size": args.step_size, "warm": not args.no_warm,
-                            "chains_per_task": args.chains_per_task})
+                            "chains_per_task": cpt, "gpu": args.gpu})
     return out
 
 
@@ -213,12 +257,16 @@ def main(argv=None) -> int:
     ap.add_argument("--sequential-max", type=int, default=64, help="NumPyro sequential only up to this many chains")
     ap.add_argument("--chains-per-task", type=int, default=None, help="dhmc's chains_per_task (default: dhmc's)")
     ap.add_argument("--no-warm", action="store_true", help="cold numbers only")
-    ap.add_argument("--dhmc-compile-cache", choices=("on", "off"), default="off",
-                    help="dhmc workers' persistent JAX compilation cache (~/.cache/dhmc/jax); 'off' keeps dhmc's "
-                         "cold number cold across repeated benchmark runs, 'on' is dhmc's default")
+    ap.add_argument("--dhmc-compile-cache", choices=("fresh", "off", "user"), default="fresh",
+                    help="dhmc workers' persistent JAX compilation cache: 'fresh' (an empty folder per measurement: "
+                         "workers share programs within it, nothing carries over between runs), 'off', or 'user' "
+                         "(dhmc's default ~/.cache/dhmc/jax, possibly warm from earlier runs, as the contract sees it)")
     ap.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (interleaved)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per measurement process")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes: 64 chains x 50 draws")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: 4 chains x 50 draws (sequential NumPyro too)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="run JAX on the GPU: dhmc on dask-cuda's LocalCUDACluster when importable, else a 1-worker "
+                         "LocalCluster; chains_per_task = chains (up to 2^16) unless given")
     ap.add_argument("--out", default=str(C.RESULTS / "throughput.json"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -226,34 +274,43 @@ def main(argv=None) -> int:
         C.emit(child(json.loads(args.child)))
         return 0
     if args.quick:
-        args.chains, args.draws = [64], 50
+        args.chains, args.draws, args.sequential_max = [4], 50, 4
     unknown = [t for t in args.targets if t not in C.TARGETS] + [m for m in args.methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown target/method {unknown}; targets {list(C.TARGETS)}, methods {list(METHODS)}")
-    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    if args.dhmc_compile_cache == "off":
-        env["DHMC_COMPILATION_CACHE"] = "0"
+    # on a GPU, name it: a JAX that cannot reach it then fails instead of quietly running on the CPU
+    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cuda,cpu" if args.gpu else "cpu")}
+    if args.gpu:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # driver, worker and samplers share the GPU
     rows = []
     started = time.perf_counter()
+
+    def payload():
+        return {"benchmark": "throughput", "machine": C.machine(), "wall_s": time.perf_counter() - started,
+                "settings": {"draws": args.draws, "num_steps": args.num_steps, "step_size": args.step_size,
+                             "dhmc_compile_cache": args.dhmc_compile_cache, "repeat": args.repeat,
+                             "chains_per_task": args.chains_per_task, "gpu": args.gpu},
+                "notes": ["t/t_dhmc > 1: dhmc faster",
+                          "dhmc cold includes starting and stopping its cluster (embedded default on CPUs)",
+                          "grad evals = chains x draws x num_steps",
+                          "NumPyro recompiles on every MCMC.run: its warm number includes compiling"],
+                "runs": rows}
+
     for rep in range(args.repeat):
         for cfg in configs(args):
             t = time.perf_counter()
-            rec = C.run_child([str(Path(__file__).resolve()), "--child", json.dumps(cfg)], args.timeout, env)
+            rec = C.run_child_fresh_cache([str(Path(__file__).resolve()), "--child", json.dumps(cfg)], args.timeout,
+                                          env, args.dhmc_compile_cache)
             rec = {**cfg, **rec, "repeat": rep, "loadavg_after": os.getloadavg()[0]}
             rows.append(rec)
             status = rec.get("error") or (f"cold {rec.get('cold_s', float('nan')):.2f} s, "
                                           f"warm {rec.get('warm_s') or float('nan'):.2f} s")
             print(f"[{time.perf_counter() - t:6.1f} s] {cfg['target']:>11s} {cfg['chains']:>6d} {cfg['method']:>11s}: "
                   f"{status}", flush=True)
+            add_ratios(rows)
+            C.write_json(args.out, payload())  # after each measurement: a time limit keeps what was done
     add_ratios(rows)
-    payload = {"benchmark": "throughput", "machine": C.machine(), "wall_s": time.perf_counter() - started,
-               "settings": {"draws": args.draws, "num_steps": args.num_steps, "step_size": args.step_size,
-                            "dhmc_compile_cache": args.dhmc_compile_cache, "repeat": args.repeat,
-                            "chains_per_task": args.chains_per_task},
-               "notes": ["t/t_dhmc > 1: dhmc faster", "dhmc cold includes starting and stopping its embedded cluster",
-                         "grad evals = chains x draws x num_steps"],
-               "runs": rows}
-    path = C.write_json(args.out, payload)
+    path = C.write_json(args.out, payload())
     print()
     print(C.table(rows, COLUMNS))
     print()

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
-from conftest import within_mc_error
+from mc_checks import within_mc_error
 from scipy import stats
 
 import dhmc

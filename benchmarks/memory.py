@@ -1,0 +1,154 @@
+"""Driver memory and the cost of streaming draws to Zarr: 2^16 chains x 1000 draws of a 2-parameter model.
+
+Two fresh processes run the same fixed-step HMC (``gaussian_2d``, step 0.2, 5 leapfrog steps, no warmup)
+through ``dhmc.sample`` on its embedded cluster: one with ``store=`` (blocks are written to Zarr as they
+finish and the result is opened lazily), one without (every draw is held in the driver). Each reports the
+driver's peak resident memory (``ru_maxrss``) and the peak total of its worker processes (psutil,
+sampled every 0.2 s). Goal: driver peak < 1 GiB with a store. The slowdown is t(store) / t(no store).
+
+    python benchmarks/memory.py                              # 65536 chains x 1000 draws
+    python benchmarks/memory.py --chains 4096 --draws 200    # smaller
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+GIB = 2**30
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb * 1024 if sys.platform != "darwin" else kb
+
+
+class _WorkerWatch(threading.Thread):
+    """Peak summed RSS of this process's descendants (the cluster's workers and nannies)."""
+
+    def __init__(self, period=0.2):
+        super().__init__(daemon=True)
+        self.period, self.peak, self.stop = period, 0, threading.Event()
+
+    def run(self):
+        import psutil
+
+        me = psutil.Process()
+        while not self.stop.is_set():
+            total = 0
+            for p in me.children(recursive=True):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self.stop.wait(self.period)
+
+
+def child(cfg: dict) -> dict:
+    import numpy as np
+
+    import dhmc
+    import dhmc.api  # noqa: F401
+
+    base_rss = _peak_rss_bytes()
+    watch = _WorkerWatch()
+    watch.start()
+    store = cfg.get("store")
+    t = time.perf_counter()
+    tree = dhmc.sample("gaussian_2d", chains=cfg["chains"], draws=cfg["draws"], warmup=0, kernel="hmc",
+                       step_size=cfg["step_size"], num_steps=cfg["num_steps"], adapt=False, seed=0,
+                       progress=False, store=store, overwrite=True, chains_per_task=cfg.get("chains_per_task"))
+    seconds = time.perf_counter() - t
+    watch.stop.set()
+    watch.join()
+    x = tree["posterior"]["x"]
+    out = {**cfg, "seconds": seconds, "driver_peak_rss_gib": _peak_rss_bytes() / GIB,
+           "driver_rss_after_imports_gib": base_rss / GIB, "workers_peak_rss_gib": watch.peak / GIB,
+           "shape": list(x.shape), "dhmc_timing": json.loads(tree["posterior"].attrs["dhmc_timing"]),
+           "chain_draws_per_s": cfg["chains"] * cfg["draws"] / seconds}
+    # check a slice of what came back (lazily from the store when there is one)
+    out["mean_first_chains"] = np.asarray(x[: min(256, cfg["chains"])].mean(("chain", "draw")).values).tolist()
+    if store:
+        out["store_bytes"] = sum(f.stat().st_size for f in Path(store).rglob("*") if f.is_file())
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chains", type=int, default=2**16)
+    ap.add_argument("--draws", type=int, default=1000)
+    ap.add_argument("--step-size", type=float, default=0.2)
+    ap.add_argument("--num-steps", type=int, default=5)
+    ap.add_argument("--chains-per-task", type=int, default=None)
+    ap.add_argument("--modes", default="store,memory", help="store: stream to Zarr; memory: no store")
+    ap.add_argument("--dir", default=None, help="where the Zarr store goes (default: a temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the store")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--quick", action="store_true", help="2048 chains x 100 draws")
+    ap.add_argument("--out", default=str(C.RESULTS / "memory.json"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        C.emit(child(json.loads(args.child)))
+        return 0
+    if args.quick:
+        args.chains, args.draws = 2048, 100
+    folder = Path(args.dir or tempfile.mkdtemp(prefix="dhmc-memory-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    rows = []
+    try:
+        for mode in [m for m in args.modes.split(",") if m]:
+            cfg = {"mode": mode, "chains": args.chains, "draws": args.draws, "step_size": args.step_size,
+                   "num_steps": args.num_steps, "chains_per_task": args.chains_per_task,
+                   "store": str(folder / "memory.zarr") if mode == "store" else None}
+            t = time.perf_counter()
+            argv = [str(Path(__file__).resolve()), "--child", json.dumps(cfg)]
+            rec = C.run_child_fresh_cache(argv, args.timeout, env)
+            rec = {**cfg, **rec, "loadavg_after": os.getloadavg()[0]}
+            rows.append(rec)
+            msg = rec.get("error") or (f"{rec['seconds']:.1f} s, driver peak {rec['driver_peak_rss_gib']:.2f} GiB, "
+                                       f"workers peak {rec['workers_peak_rss_gib']:.2f} GiB")
+            print(f"[{time.perf_counter() - t:6.1f} s] {mode}: {msg}", flush=True)
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(folder, ignore_errors=True)
+    by = {r["mode"]: r for r in rows if "error" not in r}
+    summary = {}
+    if "store" in by:
+        summary["driver_peak_rss_gib_with_store"] = by["store"]["driver_peak_rss_gib"]
+        summary["goal_driver_peak_below_1_gib"] = by["store"]["driver_peak_rss_gib"] < 1.0
+    if "store" in by and "memory" in by:
+        summary["slowdown_store_over_memory"] = by["store"]["seconds"] / by["memory"]["seconds"]
+    payload = {"benchmark": "memory", "machine": C.machine(), "summary": summary, "runs": rows,
+               "notes": ["driver peak = ru_maxrss of the process calling dhmc.sample (imports included)",
+                         "workers peak = max over time of the summed RSS of its descendant processes"]}
+    path = C.write_json(args.out, payload)
+    print(C.table(rows, [("mode", "mode", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
+                         ("seconds", "seconds", ".1f"), ("chain_draws_per_s", "draws/s", ",.0f"),
+                         ("driver_peak_rss_gib", "driver peak GiB", ".2f"),
+                         ("workers_peak_rss_gib", "workers peak GiB", ".2f")]))
+    print(json.dumps(summary))
+    for r in rows:
+        if "error" in r:
+            print(f"ERROR {r['mode']}: {r['error']}\n{r.get('stderr_tail', '')[-1500:]}")
+    print(f"wrote {path}")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
