@@ -46,14 +46,19 @@ def test_throughput_reference_samplers_tiny(tmp_path):
     assert {r["method"] for r in runs} == {"floor", "blackjax"}
     for r in runs:
         assert "error" not in r, r
-        assert r["cold_chain_draws_per_s"] > 0 and r["cold_grad_evals_per_s"] == r["cold_chain_draws_per_s"] * 10
+        assert r["cold_chain_draws_per_s"] > 0
+        assert r["cold_grad_evals_per_s"] == pytest.approx(r["cold_chain_draws_per_s"] * 10)
     # same HMC, same keys: the floor and BlackJAX draw the same chains
     assert runs[0]["mean0"] == pytest.approx(runs[1]["mean0"], abs=1e-4)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_run_quick_writes_every_result(tmp_path):
-    """``benchmarks/run.py --quick``: every benchmark at its smallest size, each JSON written."""
+    """``benchmarks/run.py --quick``: every benchmark at its smallest size, each JSON written.
+
+    About 8 minutes on two quiet cores (30 on a loaded one): mostly cluster starts and XLA compiles.
+    """
     _run([BENCH / "run.py", "--quick", "--out-dir", tmp_path], 3000)
     for name in ("throughput", "ess", "memory", "coin_toss_headline", "dhmc_overhead"):
         payload = json.loads((tmp_path / f"{name}.json").read_text())
