@@ -15,7 +15,7 @@ import xarray as xr
 
 from dhmc.core.ensemble import KERNELS, initial_positions
 from dhmc.distributed.plan import default_chains_per_task, default_draws_per_segment
-from dhmc.distributed.runner import Runner, RunSpec, initial_params
+from dhmc.distributed.runner import Runner, RunSpec, initial_params, precompile
 from dhmc.models import LogDensityTarget, NumPyroTarget, example, is_numpyro_model
 from dhmc.models.base import FlatModel
 from dhmc.storage import schema, zarr_
@@ -258,13 +258,30 @@ def _attrs(spec: RunSpec) -> dict:
 
 
 class _MemorySink:
-    def __init__(self, layout: schema.Layout):
+    """Blocks written into NumPy arrays, which a DataTree wraps without copying.
+
+    The tree is built in a thread while the run goes on (its first build imports half of xarray's
+    optional dependencies, ~0.5 s here), and gets its attributes at the end.
+    """
+
+    def __init__(self, layout: schema.Layout, extra_groups: dict | None):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.layout = layout
         self.arrays = {
             group: {name: np.full((layout.chains, layout.draws, *s.shape), zarr_._fill(s.dtype), s.dtype)
                     for name, s in specs.items()}
             for group, specs in layout.groups().items()
         }
+        pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-assemble")
+        self._tree = pool.submit(schema.to_datatree, layout, self.arrays, {}, extra_groups)
+        pool.shutdown(wait=False)
+
+    def tree(self, attrs: dict) -> xr.DataTree:
+        tree = self._tree.result()
+        for node in tree.subtree:
+            node.attrs.update(attrs)
+        return tree
 
     def write(self, chunk, segment, block):
         c0 = chunk * self.layout.chains_per_task
@@ -293,6 +310,8 @@ def _execute(spec, target, model, layout, positions, attrs, cluster, cluster_opt
     from dhmc.observe.progress import Progress
 
     t0 = time.perf_counter()
+    embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
+    executables = precompile(spec, model) if embedded else None
     client, close = connect(cluster, cluster_options)
     cluster_seconds = time.perf_counter() - t0
     try:
@@ -300,10 +319,11 @@ def _execute(spec, target, model, layout, positions, attrs, cluster, cluster_opt
         root = resume_root
         if store is not None and root is None:
             root = zarr_.create_store(store, layout, model.dim, model.dtype, attrs, model.observed_data, overwrite)
-        sink = _StoreSink(root, layout) if root is not None else _MemorySink(layout)
+        extra = {"observed_data": model.observed_data} if model.observed_data else None
+        sink = _StoreSink(root, layout) if root is not None else _MemorySink(layout, extra)
         plan = spec.plan
         bar = Progress(plan.num_chunks * plan.num_segments, client.dashboard_link) if progress else None
-        runner = Runner(client, spec, target, model.dim, model.dtype, sink, bar)
+        runner = Runner(client, spec, target, model.dim, model.dtype, sink, bar, executables)
         with span(f"dhmc-{runner.run_id}") if span else nullcontext():
             saved = zarr_.load_warmup(root, model.dtype) if resume_root is not None else None
             if saved is not None:
@@ -333,8 +353,7 @@ def _execute(spec, target, model, layout, positions, attrs, cluster, cluster_opt
             for node in ("", "posterior", "sample_stats"):
                 (root[node] if node else root).attrs.update(attrs)
             return open_trace(store)
-        extra = {"observed_data": model.observed_data} if model.observed_data else None
-        return schema.to_datatree(layout, sink.arrays, attrs, extra)
+        return sink.tree(attrs)
     finally:
         close()
 

@@ -25,27 +25,49 @@ class ClusterError(RuntimeError):
 
 
 class PinnedWorker(SubprocessWorker):
-    """A ``dask spec`` worker subprocess pinned to a set of cores.
+    """A worker subprocess pinned to a set of cores and restarted by the driver if it dies.
 
-    Workers started as ``dask`` subprocesses (not multiprocessing children of the user's script)
-    never re-import ``__main__``, so scripts without a main guard work. Pinning makes each added
-    worker add a core instead of competing for XLA's threads.
+    Workers run as ``dask spec`` subprocesses (not multiprocessing children of the user's script),
+    so scripts without a main guard work. Pinning makes each added worker add a core instead of
+    competing for XLA's threads. The driver itself restarts a worker that dies (up to
+    ``max_restarts`` times) instead of a Nanny process per worker: that saves a Python process and
+    an import of distributed per worker at start-up (measured here: 4.1-4.4 s -> 2.5-3.4 s to start
+    two workers that preload JAX).
     """
 
-    def __init__(self, scheduler: str, cores: list[int] | None = None, **kwargs):
-        self.cores = cores
+    def __init__(self, scheduler: str, cores: list[int] | None = None, max_restarts: int = 10, **kwargs):
+        self.cores, self.restarts_left = cores, max_restarts
+        self._closing, self._supervisor = False, None
         super().__init__(scheduler, **kwargs)
 
-    async def _start(self) -> None:
+    async def _spawn(self):
         import json
         import shutil
 
-        cmd = [sys.executable, "-m", "dask", "spec", self.scheduler,
+        cmd = [sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler,
                "--spec", json.dumps({"cls": self.worker_class, "opts": self.worker_kwargs})]
         taskset = shutil.which("taskset")
         if self.cores and taskset:  # pin by exec, not preexec_fn: no fork hooks in a JAX process
             cmd = [taskset, "-c", ",".join(map(str, self.cores)), *cmd]
-        self.process = await asyncio.create_subprocess_exec(*cmd)
+        return await asyncio.create_subprocess_exec(*cmd)
+
+    async def _start(self) -> None:
+        self.process = await self._spawn()
+        self._supervisor = asyncio.ensure_future(self._supervise())
+
+    async def _supervise(self) -> None:
+        while self.process is not None:
+            await self.process.wait()
+            if self._closing or self.restarts_left <= 0:
+                return
+            self.restarts_left -= 1
+            self.process = await self._spawn()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        await super().close()
 
 
 def available_cores() -> list[int]:
@@ -60,12 +82,13 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
     """The embedded cluster: an in-process scheduler on loopback and one pinned worker per core."""
     cores = available_cores()
     n_workers = n_workers or len(cores)
-    worker_opts = {"nthreads": 1, "host": host, "memory_limit": memory_limit, "silence_logs": 40}
+    worker_opts = {"nthreads": 1, "host": host, "memory_limit": memory_limit, "silence_logs": 40,
+                   "preload": ["dhmc.distributed.worker"]}
     workers = {}
     for i in range(n_workers):
         mine = [cores[i % len(cores)]] if pin and n_workers <= len(cores) else None
         workers[f"dhmc-{i}"] = {"cls": PinnedWorker, "options": {
-            "cores": mine, "worker_class": "distributed.Nanny",
+            "cores": mine, "worker_class": "distributed.Worker",
             "worker_kwargs": {**worker_opts, "name": f"dhmc-{i}"}, "name": f"dhmc-{i}"}}
     scheduler = {"cls": Scheduler, "options": {"host": host, "dashboard_address": dashboard_address}}
     return SpecCluster(workers=workers, scheduler=scheduler, name="dhmc-local", silence_logs=40)

@@ -69,11 +69,12 @@ class Runner:
     dim, dtype
         Size and dtype of the flat unconstrained position.
     sink
-        Receives ``(chunk, segment, block)`` for every finished sampling block; ``sink.done`` says
-        which blocks exist already (on resume).
+        Receives ``(chunk, segment, block)`` for every finished sampling block.
+    executables
+        ``{phase: Future of bytes}`` from :func:`precompile`, shipped with every full-sized block.
     """
 
-    def __init__(self, client, spec: RunSpec, target, dim: int, dtype, sink, progress=None):
+    def __init__(self, client, spec: RunSpec, target, dim: int, dtype, sink, progress=None, executables=None):
         from dhmc.observe.convergence import RunningConvergence
 
         self.client, self.spec, self.dim, self.dtype = client, spec, dim, np.dtype(dtype)
@@ -87,12 +88,23 @@ class Runner:
         self.run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
         self.max_retries = int(config.get("allowed-failures"))
+        self.executables = executables or {}
 
     # -- submission ---------------------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
         chains = self.spec.plan.chunk(chunk)
         return Job(self.run_id, self.token, self.blob, self.spec.x64, self.spec.kernel_config, self.spec.seed,
-                   phase, chains.start, chains.stop, first, n, positions, params, **kw)
+                   phase, chains.start, chains.stop, first, n, positions, params,
+                   executable=self._executable(phase, len(chains)), **kw)
+
+    def _executable(self, phase: str, chains: int) -> bytes | None:
+        future = self.executables.get(phase)
+        if future is None or chains != self.spec.chains_per_task:
+            return None
+        try:
+            return future.result()
+        except Exception:  # noqa: BLE001 - workers compile for themselves
+            return None
 
     def _submit(self, job: Job, key: str):
         return self.client.submit(run_job, job, key=f"{key}-{uuid.uuid4().hex[:6]}", pure=False, retries=0)
@@ -247,6 +259,25 @@ def _pickle(target) -> bytes:
             cloudpickle.unregister_pickle_by_value(module)
 
 
+def precompile(spec: RunSpec, model) -> dict:
+    """Compile the run's block programs in a background thread, while the cluster starts.
+
+    Only for workers that share this machine and backend (the embedded cluster): one compile here
+    replaces one per worker, and overlaps with starting them. Returns ``{phase: Future of bytes}``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dhmc.distributed.worker import precompile as compile_block
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-compile")
+    phases = {"warmup": max(1, spec.warmup)} if spec.warmup else {}
+    phases["sample"] = spec.draws_per_segment
+    futures = {phase: pool.submit(compile_block, model, spec.kernel_config, phase, n, spec.chains_per_task,
+                                  spec.dense_mass) for phase, n in phases.items()}
+    pool.shutdown(wait=False)
+    return futures
+
+
 def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
     """Starting parameters: the user's, or placeholders that warmup replaces."""
     step = spec.step_size if spec.step_size is not None else -1.0
@@ -261,4 +292,4 @@ def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
             "trajectory_length": np.asarray(length, dtype)}
 
 
-__all__ = ["Runner", "RunSpec", "initial_params"]
+__all__ = ["Runner", "RunSpec", "initial_params", "precompile"]

@@ -1,8 +1,8 @@
 """What runs on a worker: one block of the ensemble, with the model and program cached per process.
 
-A task carries the pickled target and a token; the first task of a run on a worker unpickles and
-compiles it, later tasks reuse the compiled program (a jitted closure shipped per task would
-re-trace every time).
+A task carries the pickled target and a token; the first task of a run on a worker unpickles it
+and compiles its program (or loads the executable the driver compiled, see :func:`precompile`),
+later tasks reuse it (a jitted closure shipped per task would re-trace every time).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Job:
     adapt: bool = True
     collect_mass: bool = False
     find_step: bool = False
+    executable: bytes | None = field(default=None, repr=False)  # the driver's compiled program, if any
 
 
 def _tune_malloc() -> None:
@@ -87,6 +88,12 @@ def prepare_process() -> None:
         _PREPARED = True
 
 
+def dask_setup(worker=None) -> None:
+    """Dask preload hook: ready JAX while the worker starts, not in its first task."""
+    prepare_process()
+    jax.devices()
+
+
 def load_model(token: str, blob: bytes):
     """The target's flat model, unpickled and built once per process."""
     if token not in _MODELS:
@@ -94,27 +101,77 @@ def load_model(token: str, blob: bytes):
     return _MODELS[token]
 
 
+def build_program(model, config: KernelConfig, phase: str, num_iterations: int):
+    """The block's whole computation as one function of arrays (``phase`` is "warmup" or "sample")."""
+    if phase == "warmup":
+        run = warmup_chunk(model.logdensity_fn, config)
+
+        def program(seed, chains, positions, params, first, n, adapt, collect, find_step):
+            return run(chain_keys(seed, chains), positions, params, first, n, adapt, collect, find_step)
+
+        return program
+    run = sample_chunk(model.logdensity_fn, config, num_iterations)
+
+    def program(seed, chains, positions, params, first):
+        end, trace = run(chain_keys(seed, chains), positions, params, first)
+        position = trace.pop("position")
+        constrained = jax.vmap(jax.vmap(model.constrain_fn))(position)
+        return end, {"posterior": constrained, "sample_stats": trace}
+
+    return program
+
+
+def program_args(phase: str, chains: int, dim: int, dtype, dense_mass: bool) -> tuple:
+    """Abstract arguments of a block program, for compiling before any data exists."""
+    s = jax.ShapeDtypeStruct
+    mass = (dim, dim) if dense_mass else (dim,)
+    params = Params(s((), dtype), s(mass, dtype), s((), dtype))
+    args = (s((), jnp.uint32), s((chains,), jnp.uint32), s((chains, dim), dtype), params, s((), jnp.int32))
+    if phase == "warmup":
+        args += (s((), jnp.int32), s((), jnp.bool_), s((), jnp.bool_), s((), jnp.bool_))
+    return args
+
+
+def compile_program(program, args):
+    """Compile for the default backend; on CPUs with LLVM's -O2, which halves compile time (measured
+    here: 5.4 s -> 2.3 s for a 128-chain logistic-regression block) and runs as fast as -O3."""
+    options = {"xla_backend_optimization_level": 2} if jax.default_backend() == "cpu" else None
+    return jax.jit(program).lower(*args).compile(compiler_options=options)
+
+
+def precompile(model, config: KernelConfig, phase: str, num_iterations: int, chains: int, dense_mass: bool) -> bytes:
+    """Compile a block program here and serialize it for workers on this machine and backend."""
+    from jax.experimental.serialize_executable import serialize
+
+    args = program_args(phase, chains, model.dim, model.dtype, dense_mass)
+    compiled = compile_program(build_program(model, config, phase, num_iterations), args)
+    return cloudpickle.dumps((jax.default_backend(), serialize(compiled)))
+
+
+def _load(executable: bytes | None):
+    """The driver's executable, or None when it cannot run here (another backend, another JAX)."""
+    if executable is None:
+        return None
+    try:
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        backend, (payload, in_tree, out_tree) = cloudpickle.loads(executable)
+        if backend != jax.default_backend():
+            return None
+        return deserialize_and_load(payload, in_tree, out_tree)
+    except Exception:  # noqa: BLE001 - fall back to compiling here
+        return None
+
+
 def _program(job: Job, model, args):
     key = (job.model_token, job.x64, job.config, job.phase, None if job.phase == "warmup" else job.num_iterations,
            tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)))
     if key in _PROGRAMS:
         return _PROGRAMS[key], 0.0
-    if job.phase == "warmup":
-        run = warmup_chunk(model.logdensity_fn, job.config)
-
-        def program(seed, chains, positions, params, first, n, adapt, collect, find_step):
-            return run(chain_keys(seed, chains), positions, params, first, n, adapt, collect, find_step)
-    else:
-        run = sample_chunk(model.logdensity_fn, job.config, job.num_iterations)
-
-        def program(seed, chains, positions, params, first):
-            end, trace = run(chain_keys(seed, chains), positions, params, first)
-            position = trace.pop("position")
-            constrained = jax.vmap(jax.vmap(model.constrain_fn))(position)
-            return end, {"posterior": constrained, "sample_stats": trace}
-
     start = time.perf_counter()
-    compiled = jax.jit(program).lower(*args).compile()
+    compiled = _load(job.executable)
+    if compiled is None:
+        compiled = compile_program(build_program(model, job.config, job.phase, job.num_iterations), args)
     if len(_PROGRAMS) >= _CACHE_SIZE:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
     _PROGRAMS[key] = compiled
