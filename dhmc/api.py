@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
@@ -114,7 +115,6 @@ def sample(
 
     resolved, name, batched = _resolve_target(target, init, chains, model_args, model_kwargs)
     model = resolved.build()
-    positions = _initial_positions(model, name, batched, seed, chains)
     x64 = bool(jax.config.jax_enable_x64)
     layout = _layout(model, chains, draws, chains_per_task, cluster)
     spec = RunSpec(name, chains, draws, warmup, seed, kernel, step_size, num_steps, trajectory_length, adapt,
@@ -122,8 +122,14 @@ def sample(
     attrs = _attrs(spec)
     if store is not None:
         zarr_.check_writable(store, overwrite)
-    return _execute(spec, resolved, model, layout, positions, attrs, cluster, cluster_options, store, overwrite,
-                    progress, resume_root=None)
+    startup = _Startup(spec, model, cluster, cluster_options)
+    try:
+        positions = _initial_positions(model, name, batched, seed, chains)
+    except BaseException:
+        startup.abandon()
+        raise
+    return _execute(spec, resolved, model, layout, positions, attrs, startup, store, overwrite, progress,
+                    resume_root=None)
 
 
 def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = (), model_kwargs: dict | None = None,
@@ -149,8 +155,8 @@ def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = ()
     model = resolved.build()
     attrs = {k: root.attrs[k] for k in ("created_at", "inference_library", "inference_library_version",
                                         "dhmc_run_spec")}
-    return _execute(spec, resolved, model, layout, None, attrs, cluster, cluster_options, path, False,
-                    progress, resume_root=root)
+    return _execute(spec, resolved, model, layout, None, attrs, _Startup(spec, model, cluster, cluster_options), path,
+                    False, progress, resume_root=root)
 
 
 # -- internals ------------------------------------------------------------------------------------------
@@ -300,20 +306,53 @@ class _StoreSink:
         zarr_.write_block(self.root, self.layout, chunk, segment, block)
 
 
-def _execute(spec, target, model, layout, positions, attrs, cluster, cluster_options, store, overwrite, progress,
-             resume_root):
-    import time
+class _Startup:
+    """The embedded cluster starts, and the driver compiles the block programs, in the background.
 
+    Both begin once the cheap checks pass and overlap with checking the log density. Other clusters
+    are connected to when :meth:`connect` is called; their workers compile for themselves.
+    """
+
+    def __init__(self, spec, model, cluster, options):
+        from dhmc.distributed.clusters import connect
+
+        self.t0 = time.perf_counter()
+        self.cluster, self.options = cluster, options
+        embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
+        self.executables = precompile(spec, model) if embedded else None
+        self._pending = _in_thread(connect, cluster, options) if embedded else None
+
+    def connect(self):
+        """``(client, close)``, waiting for a cluster being started."""
+        from dhmc.distributed.clusters import connect
+
+        connected = self._pending.result() if self._pending else connect(self.cluster, self.options)
+        self.seconds = time.perf_counter() - self.t0
+        return connected
+
+    def abandon(self) -> None:
+        """Close, in the background, a cluster started for a call that failed before using it."""
+        if self._pending is not None:
+            pending = self._pending
+            _in_thread(lambda: pending.result()[1]())
+
+
+def _in_thread(fn, *args):
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _execute(spec, target, model, layout, positions, attrs, startup, store, overwrite, progress, resume_root):
     from distributed import span
 
-    from dhmc.distributed.clusters import connect
     from dhmc.observe.progress import Progress
 
-    t0 = time.perf_counter()
-    embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
-    executables = precompile(spec, model) if embedded else None
-    client, close = connect(cluster, cluster_options)
-    cluster_seconds = time.perf_counter() - t0
+    client, close = startup.connect()
+    executables, t0 = startup.executables, startup.t0
     try:
         _install_observers(client)
         root = resume_root
@@ -347,7 +386,7 @@ def _execute(spec, target, model, layout, positions, attrs, cluster, cluster_opt
             runner.sample(starts, params)
         if bar:
             bar.close()
-        timing = {"cluster_start": cluster_seconds, **runner.timing, "total": time.perf_counter() - t0}
+        timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - t0}
         attrs = {**attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
         if root is not None:
             for node in ("", "posterior", "sample_stats"):
