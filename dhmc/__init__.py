@@ -10,7 +10,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "open_trace": "dhmc.api", "models": "dhmc.models",
+_LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",
          "diagnostics": "dhmc.diagnostics"}
 
 __all__ = ["sample", "resume", "open_trace", "models", "diagnostics", "__version__"]

@@ -1,4 +1,8 @@
-"""The public entry points: ``sample``, ``resume`` and ``open_trace``."""
+"""The public entry points ``sample`` and ``resume``.
+
+This module imports only JAX and NumPy: distributed, xarray and zarr (~1.5 s of imports) load
+where they are first needed, in the threads that start the cluster and assemble the result.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +12,22 @@ import time
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 
 from dhmc.core.ensemble import KERNELS, initial_positions
-from dhmc.distributed.plan import default_chains_per_task, default_draws_per_segment
-from dhmc.distributed.runner import Runner, RunSpec, initial_params, precompile
+from dhmc.distributed.plan import RunSpec, default_chains_per_task, default_draws_per_segment
 from dhmc.models import LogDensityTarget, NumPyroTarget, example, is_numpyro_model
 from dhmc.models.base import FlatModel
-from dhmc.storage import schema, zarr_
-from dhmc.storage.zarr_ import open_trace
+from dhmc.storage import schema
 
-__all__ = ["sample", "resume", "open_trace"]
+if TYPE_CHECKING:
+    import xarray as xr
+
+__all__ = ["sample", "resume"]
 
 
 def _version() -> str:
@@ -121,6 +126,8 @@ def sample(
                    dense_mass, target_accept, layout.chains_per_task, layout.draws_per_segment, x64)
     attrs = _attrs(spec)
     if store is not None:
+        from dhmc.storage import zarr_
+
         zarr_.check_writable(store, overwrite)
     startup = _Startup(spec, model, cluster, cluster_options)
     try:
@@ -139,6 +146,8 @@ def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = ()
     The result is bitwise identical to an uninterrupted run. A built-in model is found by its name;
     a run whose model was a Python function needs it again: ``resume(path, target=fn, init=...)``.
     """
+    from dhmc.storage import zarr_
+
     root, layout = zarr_.open_store(path)
     try:
         spec = RunSpec(**json.loads(root.attrs["dhmc_run_spec"]))
@@ -275,7 +284,7 @@ class _MemorySink:
 
         self.layout = layout
         self.arrays = {
-            group: {name: np.full((layout.chains, layout.draws, *s.shape), zarr_._fill(s.dtype), s.dtype)
+            group: {name: np.full((layout.chains, layout.draws, *s.shape), schema.fill_value(s.dtype), s.dtype)
                     for name, s in specs.items()}
             for group, specs in layout.groups().items()
         }
@@ -303,6 +312,8 @@ class _StoreSink:
         self.root, self.layout = root, layout
 
     def write(self, chunk, segment, block):
+        from dhmc.storage import zarr_
+
         zarr_.write_block(self.root, self.layout, chunk, segment, block)
 
 
@@ -314,19 +325,17 @@ class _Startup:
     """
 
     def __init__(self, spec, model, cluster, options):
-        from dhmc.distributed.clusters import connect
+        from dhmc.distributed.runner import precompile
 
         self.t0 = time.perf_counter()
         self.cluster, self.options = cluster, options
         embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
         self.executables = precompile(spec, model) if embedded else None
-        self._pending = _in_thread(connect, cluster, options) if embedded else None
+        self._pending = _in_thread(_connect, cluster, options) if embedded else None
 
     def connect(self):
         """``(client, close)``, waiting for a cluster being started."""
-        from dhmc.distributed.clusters import connect
-
-        connected = self._pending.result() if self._pending else connect(self.cluster, self.options)
+        connected = self._pending.result() if self._pending else _connect(self.cluster, self.options)
         self.seconds = time.perf_counter() - self.t0
         return connected
 
@@ -335,6 +344,12 @@ class _Startup:
         if self._pending is not None:
             pending = self._pending
             _in_thread(lambda: pending.result()[1]())
+
+
+def _connect(cluster, options):
+    from dhmc.distributed.clusters import connect  # imports distributed
+
+    return connect(cluster, options)
 
 
 def _in_thread(fn, *args):
@@ -349,7 +364,11 @@ def _in_thread(fn, *args):
 def _execute(spec, target, model, layout, positions, attrs, startup, store, overwrite, progress, resume_root):
     from distributed import span
 
+    from dhmc.distributed.runner import Runner, initial_params
     from dhmc.observe.progress import Progress
+
+    if store is not None:
+        from dhmc.storage import zarr_
 
     client, close = startup.connect()
     executables, t0 = startup.executables, startup.t0
@@ -391,7 +410,7 @@ def _execute(spec, target, model, layout, positions, attrs, startup, store, over
         if root is not None:
             for node in ("", "posterior", "sample_stats"):
                 (root[node] if node else root).attrs.update(attrs)
-            return open_trace(store)
+            return zarr_.open_trace(store)
         return sink.tree(attrs)
     finally:
         close()

@@ -10,49 +10,16 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
 
 import cloudpickle
 import numpy as np
-from distributed import as_completed
 
 from dhmc.core.adaptation.welford import WelfordState, welford
-from dhmc.core.ensemble import KernelConfig
 from dhmc.distributed import config
-from dhmc.distributed.plan import Plan, warmup_rounds
+from dhmc.distributed.plan import RunSpec, warmup_rounds
 from dhmc.distributed.worker import Job, run_job
 
 RETRYABLE = ("KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything that determines the draws (JSON-able; saved in the store to resume)."""
-
-    model: str
-    chains: int
-    draws: int
-    warmup: int
-    seed: int
-    kernel: str
-    step_size: float | None
-    num_steps: int | None
-    trajectory_length: float | None
-    adapt: bool
-    dense_mass: bool
-    target_accept: float
-    chains_per_task: int
-    draws_per_segment: int
-    x64: bool
-
-    @property
-    def plan(self) -> Plan:
-        return Plan(self.chains, self.draws, self.warmup, self.chains_per_task, self.draws_per_segment)
-
-    @property
-    def kernel_config(self) -> KernelConfig:
-        return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
-                            dense_mass=self.dense_mass)
 
 
 class Runner:
@@ -203,6 +170,8 @@ class Runner:
 
         ``start_positions[chunk] = (segment, positions)``: where each chunk continues.
         """
+        from distributed import as_completed
+
         spec, plan = self.spec, self.spec.plan
         start = time.perf_counter()
         pending = {}

@@ -1,7 +1,5 @@
-"""Traces as labelled xarray data in ArviZ's layout, in memory or streamed into Zarr."""
+"""Traces as labelled xarray data in ArviZ's layout, in memory (``schema``) or streamed into Zarr (``zarr_``).
 
-from dhmc.storage.schema import Layout, VariableSpec, to_datatree
-from dhmc.storage.zarr_ import StoreError, create_store, open_store, open_trace, write_block
-
-__all__ = ["Layout", "VariableSpec", "to_datatree", "create_store", "open_store", "open_trace",
-           "write_block", "StoreError"]
+Submodules are imported where they are used: xarray and zarr take ~1 s to import, and a run
+without a store needs zarr only to open one later.
+"""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 SAMPLE_STATS = {
     "lp": "float",
@@ -61,6 +64,12 @@ class Layout:
         return out
 
 
+def fill_value(dtype: str):
+    """What an array holds where no block has been written yet: NaN, False or 0."""
+    kind = np.dtype(dtype).kind
+    return np.nan if kind == "f" else (False if kind == "b" else 0)
+
+
 def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, float_dtype, dims=None,
                 coords=None) -> Layout:
     """Build a :class:`Layout` from ``{name: (shape, dtype)}`` of the constrained variables."""
@@ -80,6 +89,8 @@ def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, fl
 def to_datatree(layout: Layout, arrays: dict[str, dict[str, np.ndarray]], attrs: dict,
                 extra_groups: dict[str, dict[str, np.ndarray]] | None = None) -> xr.DataTree:
     """Assemble in-memory arrays ``{group: {name: array}}`` into an ArviZ-layout DataTree."""
+    import xarray as xr
+
     tree = {}
     for group, specs in layout.groups().items():
         data = {}

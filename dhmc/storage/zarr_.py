@@ -17,18 +17,13 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from dhmc.storage.schema import Layout, VariableSpec
+from dhmc.storage.schema import Layout, VariableSpec, fill_value
 
 INTERNAL = "dhmc"
 
 
 class StoreError(ValueError):
     """A path that is not a usable dhmc store."""
-
-
-def _fill(dtype: str):
-    kind = np.dtype(dtype).kind
-    return np.nan if kind == "f" else (False if kind == "b" else 0)
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
@@ -66,7 +61,7 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
                 shape=(layout.chains, layout.draws, *spec.shape),
                 chunks=(cpt, dps, *spec.shape),
                 dtype=spec.dtype,
-                fill_value=_fill(spec.dtype),
+                fill_value=fill_value(spec.dtype),
                 dimension_names=["chain", "draw", *spec.dims],
             )
     if observed:

@@ -97,9 +97,9 @@ def test_worker_metrics_heartbeat_prometheus_and_routes(harness):
     assert len(workers) == 2
 
     # (a) heartbeats carry the metrics into WorkerState.metrics
-    def scheduler_rates():  # wait until a heartbeat after the last block arrived
+    def scheduler_rates():  # wait until a heartbeat after the last block arrived (not an earlier test's run)
         ms = {w: harness.scheduler.workers[w].metrics for w in workers}
-        if all((m.get("dhmc_blocks_done") or 0) >= 4 for m in ms.values()):
+        if all((m.get("dhmc_blocks_done") or 0) >= 4 and m.get("dhmc_run_id") == "run-a" for m in ms.values()):
             return {w: m["dhmc_chain_draws_per_s"] for w, m in ms.items()}
         return None
 
