@@ -308,13 +308,34 @@ class _MemorySink:
 
 
 class _StoreSink:
-    def __init__(self, root, layout):
-        self.root, self.layout = root, layout
+    """Blocks written to Zarr by a writer thread, in arrival order, so that sampling goes on meanwhile.
+
+    Each chunk's segments arrive in order, so the store still holds a prefix of every chunk; at most
+    ``max_pending`` blocks wait in memory (the driver then waits for the writer).
+    """
+
+    def __init__(self, root, layout, max_pending: int = 8):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from dhmc.storage import zarr_
+
+        self.root, self.layout, self.max_pending = root, layout, max_pending
+        self.arrays = zarr_.block_arrays(root, layout)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-write")
+        self._pending: list = []
 
     def write(self, chunk, segment, block):
         from dhmc.storage import zarr_
 
-        zarr_.write_block(self.root, self.layout, chunk, segment, block)
+        self._pending.append(self._pool.submit(zarr_.write_block, self.root, self.layout, chunk, segment, block,
+                                               self.arrays))
+        while self._pending and (self._pending[0].done() or len(self._pending) > self.max_pending):
+            self._pending.pop(0).result()  # raises a failed write here
+
+    def flush(self):
+        """Wait until every block handed over is on disk."""
+        while self._pending:
+            self._pending.pop(0).result()
 
 
 class _Startup:

@@ -36,7 +36,8 @@ class Runner:
     dim, dtype
         Size and dtype of the flat unconstrained position.
     sink
-        Receives ``(chunk, segment, block)`` for every finished sampling block.
+        Receives ``(chunk, segment, block)`` for every finished sampling block; its ``flush()``, if
+        any, is called when sampling ends or is interrupted.
     executables
         ``{phase: Future of bytes}`` from :func:`precompile`, shipped with every full-sized block.
     """
@@ -188,19 +189,25 @@ class Runner:
             pending[future.key] = (chunk, segment, job, key, future)
             ac.add(future)
 
-        for chunk, (segment, positions) in sorted(start_positions.items()):
-            submit(chunk, segment, positions)
-        for future in ac:
-            chunk, segment, job, key, original = pending.pop(future.key)
-            result = self._result(future, job, key)
-            self._account(result)
+        try:
+            for chunk, (segment, positions) in sorted(start_positions.items()):
+                submit(chunk, segment, positions)
+            for future in ac:
+                chunk, segment, job, key, original = pending.pop(future.key)
+                result = self._result(future, job, key)
+                self._account(result)
+                t = time.perf_counter()
+                self.sink.write(chunk, segment, result)
+                self.timing["writing"] += time.perf_counter() - t
+                submit(chunk, segment + 1, result["position"])
+                self._publish(chunk, segment, result)
+                if self.progress:
+                    self.progress.block(len(job.positions) * job.keep_draws, result)
+        finally:  # what has arrived reaches the store, also when the run is interrupted
             t = time.perf_counter()
-            self.sink.write(chunk, segment, result)
+            if hasattr(self.sink, "flush"):
+                self.sink.flush()
             self.timing["writing"] += time.perf_counter() - t
-            submit(chunk, segment + 1, result["position"])
-            self._publish(chunk, segment, result)
-            if self.progress:
-                self.progress.block(len(job.positions) * job.keep_draws, result)
         self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
 
 

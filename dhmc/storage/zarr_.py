@@ -81,16 +81,24 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
     return root
 
 
-def write_block(root: zarr.Group, layout: Layout, chunk: int, segment: int, block: dict) -> None:
+def block_arrays(root: zarr.Group, layout: Layout) -> dict:
+    """The arrays a block is written into, opened once (opening one reads its metadata from disk)."""
+    names = [f"{g}/{n}" for g, specs in layout.groups().items() for n in specs]
+    return {name: root[name] for name in [*names, f"{INTERNAL}/position", f"{INTERNAL}/done"]}
+
+
+def write_block(root: zarr.Group, layout: Layout, chunk: int, segment: int, block: dict,
+                arrays: dict | None = None) -> None:
     """Write one block (``posterior``, ``sample_stats`` dicts and ``position``), then mark it done."""
+    arrays = arrays or block_arrays(root, layout)
     c0 = chunk * layout.chains_per_task
     d0 = segment * layout.draws_per_segment
     for group in ("posterior", "sample_stats"):
         for name, values in block[group].items():
-            root[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
+            arrays[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
     position = block["position"]
-    root[f"{INTERNAL}/position"][c0:c0 + position.shape[0], segment] = position
-    root[f"{INTERNAL}/done"][chunk, segment] = 1
+    arrays[f"{INTERNAL}/position"][c0:c0 + position.shape[0], segment] = position
+    arrays[f"{INTERNAL}/done"][chunk, segment] = 1
 
 
 def blocks_done(root: zarr.Group) -> np.ndarray:
