@@ -333,9 +333,12 @@ class _StoreSink:
             self._pending.pop(0).result()  # raises a failed write here
 
     def flush(self):
-        """Wait until every block handed over is on disk."""
-        while self._pending:
-            self._pending.pop(0).result()
+        """Wait until every block handed over is on disk; the sink takes no more blocks after this."""
+        try:
+            while self._pending:
+                self._pending.pop(0).result()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 class _Startup:
