@@ -7,6 +7,7 @@ compare equal work: chains x draws x num_steps gradient evaluations.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -149,6 +150,28 @@ def _tail(text, n: int = 2000) -> str:
 def emit(record: dict) -> None:
     """Print a child's result as the last line of its stdout."""
     print(json.dumps(record, default=_jsonable), flush=True)
+
+
+def parse_args_or_run_child(ap: argparse.ArgumentParser, argv, child, out_name: str):
+    """Add ``--out`` (default ``results/<out_name>``) and the hidden ``--child``, and parse.
+
+    In a child process (``--child CONFIG``) run ``child(config)``, emit its record and return None.
+    """
+    ap.add_argument("--out", default=str(RESULTS / out_name))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        emit(child(json.loads(args.child)))
+        return None
+    return args
+
+
+def report_errors(rows: list[dict], label, tail: int = 1500) -> int:
+    """Print every failed measurement (``label(row)`` names it) and return the exit code: 1 if any failed."""
+    failed = [r for r in rows if "error" in r]
+    for r in failed:
+        print(f"ERROR {label(r)}: {r['error']}\n{r.get('stderr_tail', '')[-tail:]}")
+    return 1 if failed else 0
 
 
 def timed(fn):

@@ -186,11 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--quick", action="store_true",
                     help="64 chains x 100 draws, 100 warmup, accuracy for dhmc and NUTS only, at most 400 draws")
-    ap.add_argument("--out", default=str(C.RESULTS / "coin_toss_headline.json"))
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        C.emit(child(json.loads(args.child)))
+    args = C.parse_args_or_run_child(ap, argv, child, "coin_toss_headline.json")
+    if args is None:
         return 0
     if args.quick:
         args.chains, args.draws, args.warmup, args.max_draws, args.sequential_chains = 64, 100, 100, 400, 2

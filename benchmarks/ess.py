@@ -252,11 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--quick", action="store_true", help="100 warmup + 100 draws, 32 ensemble chains")
-    ap.add_argument("--out", default=str(C.RESULTS / "ess.json"))
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        C.emit(child(json.loads(args.child)))
+    args = C.parse_args_or_run_child(ap, argv, child, "ess.json")
+    if args is None:
         return 0
     if args.quick:
         args.warmup, args.draws, args.dhmc_chains, args.blackjax_chains = 100, 100, 32, 32
@@ -286,11 +283,9 @@ def main(argv=None) -> int:
     path = C.write_json(args.out, payload)
     print()
     print(C.table(rows, COLUMNS))
-    for r in rows:
-        if "error" in r:
-            print(f"ERROR {r['problem']} {r['sampler']}: {r['error']}\n{r.get('stderr_tail', '')[-1500:]}")
+    code = C.report_errors(rows, lambda r: f"{r['problem']} {r['sampler']}")
     print(f"\nwrote {path}")
-    return 1 if any("error" in r for r in rows) else 0
+    return code
 
 
 if __name__ == "__main__":

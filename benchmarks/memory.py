@@ -99,11 +99,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the store")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="2048 chains x 100 draws")
-    ap.add_argument("--out", default=str(C.RESULTS / "memory.json"))
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        C.emit(child(json.loads(args.child)))
+    args = C.parse_args_or_run_child(ap, argv, child, "memory.json")
+    if args is None:
         return 0
     if args.quick:
         args.chains, args.draws = 2048, 100
@@ -143,11 +140,9 @@ def main(argv=None) -> int:
                          ("driver_peak_rss_gib", "driver peak GiB", ".2f"),
                          ("workers_peak_rss_gib", "workers peak GiB", ".2f")]))
     print(json.dumps(summary))
-    for r in rows:
-        if "error" in r:
-            print(f"ERROR {r['mode']}: {r['error']}\n{r.get('stderr_tail', '')[-1500:]}")
+    code = C.report_errors(rows, lambda r: r["mode"])
     print(f"wrote {path}")
-    return 1 if any("error" in r for r in rows) else 0
+    return code
 
 
 if __name__ == "__main__":

@@ -267,11 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", action="store_true",
                     help="run JAX on the GPU: dhmc on dask-cuda's LocalCUDACluster when importable, else a 1-worker "
                          "LocalCluster; chains_per_task = chains (up to 2^16) unless given")
-    ap.add_argument("--out", default=str(C.RESULTS / "throughput.json"))
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        C.emit(child(json.loads(args.child)))
+    args = C.parse_args_or_run_child(ap, argv, child, "throughput.json")
+    if args is None:
         return 0
     if args.quick:
         args.chains, args.draws, args.sequential_max = [4], 50, 4
@@ -315,11 +312,9 @@ def main(argv=None) -> int:
     print(C.table(rows, COLUMNS))
     print()
     print(dhmc_breakdown(rows))
-    for r in rows:
-        if "error" in r:
-            print(f"ERROR {r['target']} {r['chains']} {r['method']}: {r['error']}\n{r.get('stderr_tail', '')[-800:]}")
+    code = C.report_errors(rows, lambda r: f"{r['target']} {r['chains']} {r['method']}", tail=800)
     print(f"\nwrote {path}")
-    return 1 if any("error" in r for r in rows) else 0
+    return code
 
 
 if __name__ == "__main__":
