@@ -62,3 +62,49 @@ def test_a_killed_embedded_worker_is_restarted():
         assert len(pids) == 2 and victim not in pids, pids
     finally:
         close()
+
+
+def _gp_logdensity(p):
+    x = jnp.linspace(0.0, 1.0, 4)
+    cov = jnp.exp(-0.5 * (x[:, None] - x[None]) ** 2 / 0.3**2) + 1e-3 * jnp.eye(4)
+    f = jnp.linalg.cholesky(cov) @ p["z"]
+    return -0.5 * jnp.sum(p["z"] ** 2) - 0.5 * jnp.sum((f - 1.0) ** 2)
+
+
+LOAD_IN_A_FRESH_PROCESS = """
+import sys, cloudpickle, numpy as np, jax.numpy as jnp
+from dhmc.distributed import worker
+from dhmc.core.ensemble import Params
+worker.prepare_process()
+program = worker._load(open(sys.argv[1], "rb").read())
+assert program is not None, "the executable did not load"
+params = Params(jnp.float32(0.1), jnp.eye(4, dtype=jnp.float32), jnp.float32(0.3))
+end, out = program(jnp.uint32(0), jnp.arange(16, dtype=jnp.uint32), jnp.zeros((16, 4), jnp.float32), params,
+                   jnp.int32(0))
+print("lp", float(np.asarray(out["sample_stats"]["lp"]).mean()))
+"""
+
+
+def test_an_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
+    """jaxlib fills in its LAPACK kernels only when lowering: a loaded executable used to segfault."""
+    import subprocess
+    import sys
+
+    model = LogDensityTarget(_gp_logdensity, {"z": jnp.zeros(4)}, name="gp").build()
+    spec = RunSpec("gp", 16, 10, 0, 5, "hmc", 0.1, 3, None, False, True, 0.8, 16, 10, False)  # dense mass
+    (tmp_path / "exe.bin").write_bytes(worker.precompile(model, spec.kernel_config, "sample", 10, 16, True))
+    (tmp_path / "load.py").write_text(LOAD_IN_A_FRESH_PROCESS)
+    run = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path / "exe.bin")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-1500:]}"
+    assert "lp" in run.stdout
+
+
+def test_dense_mass_and_cholesky_models_run_on_the_embedded_cluster():
+    import dhmc
+
+    kw = dict(chains=16, draws=50, warmup=50, progress=False)
+    dense = dhmc.sample(lambda p: -0.5 * jnp.sum(p["z"] ** 2), init={"z": jnp.zeros(3)}, dense_mass=True, **kw)
+    assert np.isfinite(dense["posterior"]["z"].values).all()
+    gp = dhmc.sample(_gp_logdensity, init={"z": jnp.zeros(4)}, **kw)
+    assert np.isfinite(gp["posterior"]["z"].values).all()
