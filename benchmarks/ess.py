@@ -15,7 +15,7 @@ the wall seconds of the whole call (compile + warmup + sampling; for dhmc also i
 separately, by the sampling phase only (its compile included). Each sampler runs in a fresh process.
 
 With ``--reference NAME[,NAME]`` the posteriors of ``tests/validation/posteriors.py`` (posteriordb,
-in ``shared/reference_posteriors``) run instead: the same JAX log density for all three samplers
+in ``tests/validation/reference_posteriors``) run instead: the same JAX log density for all three samplers
 (NumPyro through ``potential_fn``), ESS over Stan's parameters (``to_reference``).
 
     python benchmarks/ess.py                     # 1000 warmup + 1000 draws

@@ -34,7 +34,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from compare import compare  # noqa: E402
-from posteriors import REFERENCE_POSTERIORS, ReferencePosterior, _data, get, reference_draws  # noqa: E402
+from posteriors import (  # noqa: E402
+    REFERENCE_POSTERIORS,
+    ReferencePosterior,
+    _data,
+    get,
+    load_json,
+    reference_draws,
+    reference_file,
+)
 
 # --------------------------------------------------------------------------------------------------
 # 1. JAX log density vs NumPyro potential energy
@@ -180,10 +188,9 @@ def independent_exact_moments(post: ReferencePosterior) -> dict[str, tuple[float
 
 def exact_moments_agreement(post: ReferencePosterior) -> dict | None:
     mine = independent_exact_moments(post)
-    path = post.folder / "exact_moments.json"
-    if mine is None or not path.is_file():
+    if mine is None or reference_file(post.name, "exact_moments.json") is None:
         return None
-    theirs = json.loads(path.read_text())["moments"]
+    theirs = load_json(post.name, "exact_moments.json")["moments"]
     worst_mean = worst_sd = 0.0
     rows = {}
     for k, (m, sd) in mine.items():

@@ -1,4 +1,4 @@
-"""Compare a sampler's draws with a reference posterior (see shared/reference_posteriors/README.md).
+"""Compare a sampler's draws with a reference posterior (see reference_posteriors/README.md here).
 
 Per parameter (constrained space, Stan names):
 

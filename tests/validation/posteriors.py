@@ -1,7 +1,7 @@
 """Reference posteriors (posteriordb) as plain JAX log densities, for validating samplers.
 
 Each :class:`ReferencePosterior` describes one of the six posteriors in
-``shared/reference_posteriors`` (see that folder's README.md):
+``tests/validation/reference_posteriors`` (see that folder's README.md):
 
 * ``logdensity(position)``: the log density over an *unconstrained* position dict, including every
   log-Jacobian (Stan's transforms: ``x = exp(u)`` for ``x > 0``, ``x = sigmoid(u)`` for ``x in (0, 1)``,
@@ -21,13 +21,15 @@ Each :class:`ReferencePosterior` describes one of the six posteriors in
   NumPyro user would (constrained priors, NumPyro adds the Jacobians), used as an independent
   cross-check of ``logdensity``.
 
-Data are read lazily from ``<repo>/../shared/reference_posteriors`` (``shared/`` is a sibling of the
-repository checkout, locally and in CI), or from ``$DHMC_REFERENCE_POSTERIORS`` when set.
+Data are read lazily from ``tests/validation/reference_posteriors`` (kept in the repository; the big
+``reference_draws.json`` files are stored gzipped as ``reference_draws.json.gz``), or from
+``$DHMC_REFERENCE_POSTERIORS`` when set.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import math
 import os
@@ -41,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 ENV_VAR = "DHMC_REFERENCE_POSTERIORS"
+IN_REPO_ROOT = Path(__file__).resolve().parent / "reference_posteriors"
+"""The copy of the reference posteriors kept in the repository (the default :func:`reference_root`)."""
 
 Position = dict[str, Any]
 
@@ -51,31 +55,58 @@ Position = dict[str, Any]
 
 
 def reference_root() -> Path:
-    """Folder holding the reference posteriors: ``$DHMC_REFERENCE_POSTERIORS`` or ``../shared/...``."""
+    """Folder holding the reference posteriors: ``$DHMC_REFERENCE_POSTERIORS`` when set, else :data:`IN_REPO_ROOT`."""
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env).expanduser().resolve()
-    return Path(__file__).resolve().parents[3] / "shared" / "reference_posteriors"
+    return IN_REPO_ROOT
 
 
 def reference_available() -> bool:
-    """True when the reference folder exists (tests skip otherwise)."""
+    """True when the reference folder exists (always, in a clone, unless ``$DHMC_REFERENCE_POSTERIORS`` is wrong)."""
     return reference_root().is_dir()
+
+
+def unavailable_reason() -> str:
+    """Why :func:`reference_available` is False, and how to fix it (the tests' skip reason)."""
+    root = reference_root()
+    if os.environ.get(ENV_VAR):
+        return (
+            f"reference posteriors not found: ${ENV_VAR} is set to {root}, which is not a folder; "
+            f"unset ${ENV_VAR} to use the copy in the repository ({IN_REPO_ROOT}), or point it at a "
+            "folder laid out like that one"
+        )
+    return (
+        f"reference posteriors not found: the folder {root} kept in the repository is missing; restore "
+        "it from version control (git checkout -- tests/validation/reference_posteriors) or set "
+        f"${ENV_VAR} to a folder laid out like it"
+    )
+
+
+def reference_file(name: str, filename: str) -> Path | None:
+    """``<root>/<name>/<filename>``, or the same with ``.gz`` appended when only that exists; else None."""
+    path = reference_root() / name / filename
+    if path.is_file():
+        return path
+    gz = path.with_name(path.name + ".gz")
+    return gz if gz.is_file() else None
 
 
 @functools.cache
 def _load_json_cached(path: str) -> Any:
-    with open(path) as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return json.load(f)
 
 
 def load_json(name: str, filename: str) -> Any:
-    """Parsed ``<root>/<name>/<filename>`` (cached per resolved path)."""
-    path = reference_root() / name / filename
-    if not path.is_file():
+    """Parsed ``<root>/<name>/<filename>``, read from ``<filename>.gz`` when only that exists (cached per path)."""
+    path = reference_file(name, filename)
+    if path is None:
+        missing = reference_root() / name / filename
         raise FileNotFoundError(
-            f"reference file {path} not found; set ${ENV_VAR} to the folder holding the reference "
-            "posteriors (by default ../shared/reference_posteriors beside the repository checkout)"
+            f"reference file {missing} (or {missing.name}.gz) not found; set ${ENV_VAR} to the folder holding "
+            f"the reference posteriors, or unset it to use the copy in the repository ({IN_REPO_ROOT})"
         )
     return _load_json_cached(str(path))
 
@@ -125,8 +156,8 @@ def reference_moments(name: str, *, derived: bool = True) -> dict[str, tuple[flo
     are only compared when a sampler's draws contain them (``to_reference(..., derived=True)``).
     """
     summary = load_json(name, "summary.json")
-    exact_path = reference_root() / name / "exact_moments.json"
-    exact = load_json(name, "exact_moments.json")["moments"] if exact_path.is_file() else {}
+    has_exact = reference_file(name, "exact_moments.json") is not None
+    exact = load_json(name, "exact_moments.json")["moments"] if has_exact else {}
     out: dict[str, tuple[float, float, float]] = {}
     sections = [summary["parameters"]] + ([summary.get("derived", {})] if derived else [])
     for section in sections:

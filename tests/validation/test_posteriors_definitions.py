@@ -8,7 +8,10 @@ behaviour of ``compare`` on the reference draws themselves.
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,9 +26,10 @@ from posteriors import (
     reference_draws,
     reference_moments,
     stan_parameter_names,
+    unavailable_reason,
 )
 
-pytestmark = pytest.mark.skipif(not reference_available(), reason=f"reference posteriors not found (set ${ENV_VAR})")
+pytestmark = pytest.mark.skipif(not reference_available(), reason=unavailable_reason())
 
 POSTERIORS = list(REFERENCE_POSTERIORS.values())
 IDS = [p.name.split("-")[0] + ("_c" if p.name.endswith("_centered") else "") for p in POSTERIORS]
@@ -213,3 +217,65 @@ def test_env_var_override(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_VAR, str(real))
     assert posteriors.reference_root() == real
     assert "beta[1]" in reference_moments("kidiq-kidscore_momiq")
+
+
+FILES = [
+    "data.json",
+    "data_info.json",
+    "model_info.json",
+    "posterior.json",
+    "reference_posterior_info.json",
+    "summary.json",
+    "reference_draws.json",
+]
+
+
+def test_default_root_is_the_copy_in_the_repository(monkeypatch):
+    import posteriors
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    root = posteriors.reference_root()
+    here = Path(posteriors.__file__).resolve().parent
+    assert root == here / "reference_posteriors" == posteriors.IN_REPO_ROOT
+    assert posteriors.reference_available()
+    for name in REFERENCE_POSTERIORS:
+        for filename in FILES:
+            path = posteriors.reference_file(name, filename)
+            assert path is not None and path.is_relative_to(root), (name, filename)
+    for filename in ["README.md", "LICENCE.posteriordb.md", "CITATION.posteriordb.cff"]:
+        assert (root / filename).is_file()
+    assert "28f8d3d6e975315f42aa274a8399f21e07a43b30" in (root / "README.md").read_text(encoding="utf-8")
+
+
+def test_load_json_reads_gzip_when_plain_file_absent(monkeypatch, tmp_path):
+    import posteriors
+
+    folder = tmp_path / "p"
+    folder.mkdir()
+    with gzip.open(folder / "a.json.gz", "wt", encoding="utf-8") as f:
+        json.dump({"x": [1.5, 2.5]}, f)
+    (folder / "b.json").write_text(json.dumps({"plain": True}))
+    with gzip.open(folder / "b.json.gz", "wt", encoding="utf-8") as f:
+        json.dump({"plain": False}, f)
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    assert posteriors.reference_file("p", "a.json") == (folder / "a.json.gz").resolve()
+    assert posteriors.load_json("p", "a.json") == {"x": [1.5, 2.5]}
+    assert posteriors.load_json("p", "a.json") is posteriors.load_json("p", "a.json")  # cached
+    assert posteriors.load_json("p", "b.json") == {"plain": True}  # the plain file wins
+    assert posteriors.reference_file("p", "c.json") is None
+    with pytest.raises(FileNotFoundError, match="c.json.gz"):
+        posteriors.load_json("p", "c.json")
+
+
+def test_unavailable_reason_says_how_to_fix(monkeypatch, tmp_path):
+    import posteriors
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "missing"))
+    assert not posteriors.reference_available()
+    reason = posteriors.unavailable_reason()
+    assert ENV_VAR in reason and "unset" in reason and str(posteriors.IN_REPO_ROOT) in reason
+    monkeypatch.delenv(ENV_VAR)
+    monkeypatch.setattr(posteriors, "IN_REPO_ROOT", tmp_path / "gone")
+    assert not posteriors.reference_available()
+    reason = posteriors.unavailable_reason()
+    assert "tests/validation/reference_posteriors" in reason and ENV_VAR in reason
