@@ -11,9 +11,9 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",
-         "diagnostics": "dhmc.diagnostics"}
+         "diagnostics": "dhmc.diagnostics", "WorkerCrashError": "dhmc.errors"}
 
-__all__ = ["sample", "resume", "open_trace", "models", "diagnostics", "__version__"]
+__all__ = ["sample", "resume", "open_trace", "models", "diagnostics", "WorkerCrashError", "__version__"]
 
 
 def __getattr__(name: str):

@@ -405,7 +405,7 @@ def _execute(spec, target, model, layout, positions, attrs, startup, store, over
         sink = _StoreSink(root, layout) if root is not None else _MemorySink(layout, extra)
         plan = spec.plan
         bar = Progress(plan.num_chunks * plan.num_segments, client.dashboard_link) if progress else None
-        runner = Runner(client, spec, target, model.dim, model.dtype, sink, bar, executables)
+        runner = Runner(client, spec, target, model.dim, model.dtype, sink, bar, executables, store=store)
         with span(f"dhmc-{runner.run_id}") if span else nullcontext():
             saved = zarr_.load_warmup(root, model.dtype) if resume_root is not None else None
             if saved is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dhmc.errors import WorkerCrashError
+
 ERRORS = (ValueError, TypeError, FileExistsError, PermissionError, FileNotFoundError, RuntimeError, OSError)
 
 
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
+    except WorkerCrashError as e:  # the run cannot go on: its whole message (block, signal, stderr)
+        print(f"dhmc: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         store = getattr(args, "out", None) or getattr(args, "store", None)
         hint = f"; the store is resumable: dhmc resume {store}" if store and args.command != "scale" else ""

@@ -6,12 +6,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
+import shutil
+import signal
 import sys
+import tempfile
+import time
 import weakref
 from contextlib import suppress
+from dataclasses import dataclass
 
+import dask.config
 from distributed import Client, Scheduler, SpecCluster
 from distributed.core import Status
 from distributed.deploy.cluster import Cluster
@@ -26,6 +33,26 @@ class ClusterError(RuntimeError):
     """A cluster that cannot be started or reached."""
 
 
+@dataclass(frozen=True)
+class WorkerDeath:
+    """An embedded worker process that ended while the cluster was running."""
+
+    worker: str
+    returncode: int
+    stderr_tail: tuple[str, ...]
+    time: float
+
+    def describe(self) -> str:
+        """``"killed by signal 9 (SIGKILL)"`` or ``"exited with code 1"``."""
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = "unknown signal"
+            return f"killed by signal {-self.returncode} ({name})"
+        return f"exited with code {self.returncode}"
+
+
 class PinnedWorker(SubprocessWorker):
     """A worker subprocess pinned to a set of cores and restarted by the driver if it dies.
 
@@ -34,12 +61,15 @@ class PinnedWorker(SubprocessWorker):
     competing for XLA's threads. The driver itself restarts a worker that dies (up to
     ``max_restarts`` times) instead of a Nanny process per worker: that saves a Python process and
     an import of distributed per worker at start-up (measured here: 4.1-4.4 s -> 2.5-3.4 s to start
-    two workers that preload JAX).
+    two workers that preload JAX). The worker's stderr goes to ``log_file``; each death is kept in
+    :attr:`deaths` with its exit status and the last lines it wrote there.
     """
 
-    def __init__(self, scheduler: str, cores: list[int] | None = None, max_restarts: int = 10, **kwargs):
-        self.cores, self.restarts_left = cores, max_restarts
-        self._closing, self._supervisor = False, None
+    def __init__(self, scheduler: str, cores: list[int] | None = None, max_restarts: int = 10,
+                 log_file: str | None = None, **kwargs):
+        self.cores, self.restarts_left, self.log_file = cores, max_restarts, log_file
+        self.deaths: list[WorkerDeath] = []
+        self._closing, self._supervisor, self._log_start = False, None, 0
         super().__init__(scheduler, **kwargs)
 
     async def _spawn(self):
@@ -51,7 +81,11 @@ class PinnedWorker(SubprocessWorker):
         taskset = shutil.which("taskset")
         if self.cores and taskset:  # pin by exec, not preexec_fn: no fork hooks in a JAX process
             cmd = [taskset, "-c", ",".join(map(str, self.cores)), *cmd]
-        return await asyncio.create_subprocess_exec(*cmd)
+        if self.log_file is None:
+            return await asyncio.create_subprocess_exec(*cmd)
+        with open(self.log_file, "ab") as log:
+            self._log_start = log.tell()
+            return await asyncio.create_subprocess_exec(*cmd, stderr=log)
 
     async def _start(self) -> None:
         self.process = await self._spawn()
@@ -59,11 +93,23 @@ class PinnedWorker(SubprocessWorker):
 
     async def _supervise(self) -> None:
         while self.process is not None:
-            await self.process.wait()
-            if self._closing or self.restarts_left <= 0:
+            returncode = await self.process.wait()
+            if self._closing:
+                return
+            self.deaths.append(WorkerDeath(str(self.name), returncode, self._stderr_tail(), time.time()))
+            if self.restarts_left <= 0:
                 return
             self.restarts_left -= 1
             self.process = await self._spawn()
+
+    def _stderr_tail(self, lines: int = 15) -> tuple[str, ...]:
+        if self.log_file is None:
+            return ()
+        with suppress(OSError), open(self.log_file, "rb") as log:
+            log.seek(self._log_start)
+            text = log.read()[-64 * 1024:].decode(errors="replace")
+            return tuple(line for line in text.splitlines() if line.strip())[-lines:]
+        return ()
 
     async def close(self) -> None:
         self._closing = True
@@ -87,9 +133,21 @@ class EmbeddedCluster(SpecCluster):
     soon as both are ready.
     """
 
-    def __init__(self, *args, scheduler_address: str, **kwargs):
-        self._early_address = scheduler_address
+    def __init__(self, *args, scheduler_address: str, log_dir: str | None = None, **kwargs):
+        self._early_address, self.log_dir = scheduler_address, log_dir
         super().__init__(*args, **kwargs)
+
+    def worker_deaths(self) -> list[WorkerDeath]:
+        """Every worker process that died so far, oldest first."""
+        workers = [w for w in self._created if isinstance(w, PinnedWorker)]
+        return sorted((d for w in workers for d in w.deaths), key=lambda d: d.time)
+
+    async def _close(self):
+        try:
+            await super()._close()
+        finally:
+            if self.log_dir:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
 
     async def _start(self):
         if self.status == Status.created and self._early_address:
@@ -113,6 +171,13 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+class _CrashReportedByDhmc(logging.Filter):
+    """Drop the scheduler's "marked as failed because N workers died" line: WorkerCrashError says it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "workers died while trying to run it" not in record.getMessage()
+
+
 def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboard_address: str = "127.0.0.1:0",
                   pin: bool = True, memory_limit=0) -> SpecCluster:
     """The embedded cluster: an in-process scheduler on loopback and one pinned worker per core."""
@@ -120,16 +185,20 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
     n_workers = n_workers or len(cores)
     worker_opts = {"nthreads": 1, "host": host, "memory_limit": memory_limit, "silence_logs": 40,
                    "preload": ["dhmc.distributed.worker"]}
+    scheduler_log = logging.getLogger("distributed.scheduler")
+    if not any(isinstance(f, _CrashReportedByDhmc) for f in scheduler_log.filters):
+        scheduler_log.addFilter(_CrashReportedByDhmc())
+    log_dir = tempfile.mkdtemp(prefix="dhmc-workers-")
     workers = {}
     for i in range(n_workers):
         mine = [cores[i % len(cores)]] if pin and n_workers <= len(cores) else None
         workers[f"dhmc-{i}"] = {"cls": PinnedWorker, "options": {
-            "cores": mine, "worker_class": "distributed.Worker",
+            "cores": mine, "worker_class": "distributed.Worker", "log_file": os.path.join(log_dir, f"dhmc-{i}.log"),
             "worker_kwargs": {**worker_opts, "name": f"dhmc-{i}"}, "name": f"dhmc-{i}"}}
     port = _free_port(host)
     scheduler = {"cls": Scheduler, "options": {"host": host, "port": port, "dashboard_address": dashboard_address}}
     return EmbeddedCluster(workers=workers, scheduler=scheduler, name="dhmc-local", silence_logs=40,
-                           scheduler_address=f"tcp://{host}:{port}")
+                           scheduler_address=f"tcp://{host}:{port}", log_dir=log_dir)
 
 
 def cuda_cluster(n_workers=None, host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_fraction=0.8,
@@ -186,7 +255,10 @@ def connect(cluster=None, options: dict | None = None):
         kind = cluster or "local"
         builder = {"local": local_cluster, "cuda": cuda_cluster, "slurm": slurm_cluster}[kind]
         opts = config.cluster_options(kind, options)
-        started = builder(**opts)
+        # A block that killed this many workers ends the run (WorkerCrashError) instead of being retried
+        crashes = {"distributed.scheduler.allowed-failures": max(0, int(config.get("worker-crashes")) - 1)}
+        with dask.config.set(crashes):
+            started = builder(**opts)
         client = Client(started, set_as_default=False)
         n = opts.get("jobs") if kind == "slurm" else expected_workers(started)
         try:

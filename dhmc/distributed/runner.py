@@ -19,7 +19,7 @@ from dhmc.distributed import config
 from dhmc.distributed.plan import RunSpec, warmup_rounds
 from dhmc.distributed.worker import Job, run_job
 
-RETRYABLE = ("KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
+RETRYABLE = ("CommClosedError", "FutureCancelledError", "CancelledError")  # lost, not crashed: sent again
 
 
 class Runner:
@@ -42,7 +42,8 @@ class Runner:
         ``{phase: Future of bytes}`` from :func:`precompile`, shipped with every full-sized block.
     """
 
-    def __init__(self, client, spec: RunSpec, target, dim: int, dtype, sink, progress=None, executables=None):
+    def __init__(self, client, spec: RunSpec, target, dim: int, dtype, sink, progress=None, executables=None,
+                 store=None):
         from dhmc.observe.convergence import RunningConvergence
 
         self.client, self.spec, self.dim, self.dtype = client, spec, dim, np.dtype(dtype)
@@ -57,6 +58,7 @@ class Runner:
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
         self.max_retries = int(config.get("allowed-failures"))
         self.executables = executables or {}
+        self.store = store
 
     # -- submission ---------------------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
@@ -78,11 +80,18 @@ class Runner:
         return self.client.submit(run_job, job, key=f"{key}-{uuid.uuid4().hex[:6]}", pure=False, retries=0)
 
     def _result(self, future, job: Job, key: str):
-        """The future's result, re-submitting a block whose worker died."""
+        """The future's result, re-submitting a block lost to a dropped connection.
+
+        A block whose workers died while running it (the scheduler's ``KilledWorker``, after
+        ``dhmc.worker-crashes`` deaths on a cluster dhmc started) ends the run with
+        :class:`~dhmc.errors.WorkerCrashError`.
+        """
         for attempt in range(self.max_retries + 1):
             try:
                 return future.result()
             except Exception as e:  # noqa: BLE001
+                if type(e).__name__ == "KilledWorker":
+                    raise crash_error(self.client, e, job, self.spec.model, self.store) from None
                 if type(e).__name__ not in RETRYABLE or attempt == self.max_retries:
                     raise
                 future = self._submit(job, key)
@@ -209,6 +218,36 @@ class Runner:
                 self.sink.flush()
             self.timing["writing"] += time.perf_counter() - t
         self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
+
+
+def crash_error(client, killed, job: Job, model: str, store=None, wait: float = 5.0):
+    """A :class:`WorkerCrashError` for the scheduler's ``KilledWorker`` on ``job``.
+
+    On the embedded cluster the message has the last dead worker's exit signal or code and the last
+    lines it wrote to stderr (its death is recorded by the driver, which may hear of it a moment
+    after the scheduler).
+    """
+    from dhmc.errors import WorkerCrashError
+
+    last = getattr(killed.last_worker, "name", None) or getattr(killed.last_worker, "address", "?")
+    deaths = getattr(getattr(client, "cluster", None), "worker_deaths", None)
+    death = None
+    deadline = time.monotonic() + wait
+    while deaths is not None and death is None:
+        death = next((d for d in reversed(deaths()) if d.worker == str(last)), None)
+        if death is None and time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    how = death.describe() if death else "ended (exit status unknown: see that worker's log)"
+    iterations = f"{job.first_iteration}-{job.first_iteration + job.num_iterations - 1}"
+    lines = [f"a {job.phase} block (chains {job.chain_start}-{job.chain_stop - 1}, iterations {iterations}) of "
+             f"model {model!r} killed {killed.allowed_failures + 1} worker(s); the last, {last}, {how}"]
+    if death and death.stderr_tail:
+        lines.append("its last lines on stderr:")
+        lines += [f"    {line}" for line in death.stderr_tail]
+    if store is not None:
+        lines.append(f"every block finished before it is in {store}; once the cause is fixed: dhmc resume {store}")
+    return WorkerCrashError("\n".join(lines))
 
 
 def _pickle(target) -> bytes:

@@ -1,0 +1,14 @@
+"""Errors a run can end with, beyond the bad-input ``ValueError``/``TypeError`` raised up front."""
+
+from __future__ import annotations
+
+__all__ = ["WorkerCrashError"]
+
+
+class WorkerCrashError(RuntimeError):
+    """A block killed the worker processes that ran it, as many times as ``dhmc.worker-crashes`` allows.
+
+    A crash (a segfault, an abort, a kill by the OS) is not retried forever: the run ends with this
+    error, naming the block, the model, how the last worker ended and what it last wrote to stderr.
+    Every block finished before it is in the store, which ``dhmc resume`` continues.
+    """

@@ -1,0 +1,138 @@
+"""A block that crashes its workers ends the run with WorkerCrashError in seconds; the store resumes bitwise.
+
+The log density calls back into Python (``jax.pure_callback``, once per batched evaluation of its
+value: gradients do not need it) and, once a marker file exists, the worker process running it
+writes a line to stderr and SIGKILLs itself: every worker that picks up a block dies, as with a
+segfaulting custom call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+import dhmc
+from dhmc import cli
+
+DRIVER = os.getpid()  # shipped by value: workers compare their pid with the driver's
+MARKER = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dhmc-test-crash-{DRIVER}")
+
+
+def _with_callback(fn, x):
+    """``fn(x)`` on the host, once per batch; its zeros are added to the log density."""
+    zeros = lambda v: (fn(v), np.zeros(v.shape[:-1], v.dtype))[1]
+    out = jax.pure_callback(zeros, jax.ShapeDtypeStruct((), x.dtype), jax.lax.stop_gradient(x),
+                            vmap_method="broadcast_all")
+    return jax.lax.stop_gradient(out)
+
+
+def _die_if_marked(x):
+    if os.getpid() != DRIVER and os.path.exists(MARKER):
+        sys.stderr.write("the model's callback kills this worker now\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crashing_logdensity(p):
+    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + _with_callback(_die_if_marked, p["x"])
+
+
+def _raise_on_a_worker(x):
+    if os.getpid() != DRIVER:
+        raise FloatingPointError("model blew up")
+
+
+def raising_logdensity(p):
+    return -0.5 * jnp.sum(p["x"] ** 2) + _with_callback(_raise_on_a_worker, p["x"])
+
+
+KW = dict(init={"x": jnp.zeros(2)}, chains=32, chains_per_task=16, draws=6400, warmup=100, seed=4, progress=False)
+
+
+def _done(path) -> int:
+    try:
+        return int(zarr.open_group(str(path), mode="r")["dhmc/done"][...].sum())
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+def _same(a, b) -> bool:
+    a, b = (xr.open_datatree(p, engine="zarr", consolidated=False) for p in (a, b))
+    return all(np.array_equal(a[g][v].values, b[g][v].values) for g in ("posterior", "sample_stats")
+               for v in a[g].data_vars)
+
+
+@pytest.fixture
+def marker():
+    yield MARKER
+    if os.path.exists(MARKER):
+        os.remove(MARKER)
+
+
+def test_a_crashing_block_ends_the_run_in_seconds_and_the_store_resumes(tmp_path, marker):
+    dhmc.sample(crashing_logdensity, store=tmp_path / "ref.zarr", **KW)
+    total = zarr.open_group(str(tmp_path / "ref.zarr"), mode="r")["dhmc/done"].size
+    assert total >= 6, "too few blocks to crash in the middle"
+
+    store = tmp_path / "hit.zarr"
+    outcome = {}
+
+    def run():
+        try:
+            dhmc.sample(crashing_logdensity, store=store, **KW)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome["error"], outcome["at"] = e, time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while _done(store) < 2 and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.05)
+    open(marker, "w").close()
+    marked = time.monotonic()
+    thread.join(300)
+    assert not thread.is_alive(), "the run hangs after its workers crashed"
+    error = outcome.get("error")
+    assert isinstance(error, dhmc.WorkerCrashError), repr(error)
+    seconds = outcome["at"] - marked
+    print(f"WorkerCrashError {seconds:.1f} s after the first crash")
+    assert seconds < 60
+    message = str(error)
+    assert "signal 9 (SIGKILL)" in message and "crashing_logdensity" in message and "killed 3 worker" in message
+    assert "the model's callback kills this worker now" in message
+    assert f"dhmc resume {store}" in message
+
+    written = _done(store)
+    assert 2 <= written < total
+    os.remove(marker)
+    dhmc.resume(store, target=crashing_logdensity, init=KW["init"], progress=False)
+    assert _done(store) == total
+    assert _same(tmp_path / "ref.zarr", store)
+
+
+def test_a_block_that_raises_fails_at_once_with_the_users_error():
+    start = time.monotonic()
+    with pytest.raises(Exception, match="model blew up"):
+        dhmc.sample(raising_logdensity, init={"x": jnp.zeros(2)}, chains=16, draws=20, warmup=20, progress=False)
+    assert time.monotonic() - start < 120
+
+
+def test_the_command_line_exits_1_with_the_whole_crash_message(monkeypatch, capsys):
+    def crash(*args, **kwargs):
+        raise dhmc.WorkerCrashError("a sample block ... killed 3 worker(s); the last, dhmc-0, killed by signal 11 "
+                                    "(SIGSEGV)\nits last lines on stderr:\n    Fatal Python error")
+
+    monkeypatch.setattr(dhmc, "sample", crash)
+    assert cli.main(["sample", "coin_toss", "--out", "x.zarr"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dhmc: error: a sample block") and "SIGSEGV" in err and "Fatal Python error" in err
