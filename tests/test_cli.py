@@ -31,6 +31,8 @@ def good_store(tmp_path_factory):
     out = run("sample", "coin_toss", "--chains", 64, "--draws", 60, "--warmup", 60, "--out", path, "--no-progress")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "posterior means" in out.stdout
+    noise = [line for line in out.stderr.splitlines() if not line.startswith("dhmc: dashboard")]
+    assert not noise, "a clean run printed:\n" + "\n".join(noise[:40])  # no tracebacks, no CommClosedError
     return path
 
 

@@ -279,10 +279,19 @@ def connect(cluster=None, options: dict | None = None):
 
 
 def _close(client, cluster):
-    with suppress(Exception):
-        client.close()
-    with suppress(Exception):
-        cluster.close()
+    """Close what dhmc started, quietly: connections dropped while shutting down are not news."""
+    loggers = [logging.getLogger(name) for name in ("distributed", "tornado", "asyncio")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with suppress(Exception):
+            client.close()
+        with suppress(Exception):
+            cluster.close()
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 __all__ = ["connect", "local_cluster", "cuda_cluster", "slurm_cluster", "ClusterError", "KINDS"]
