@@ -117,14 +117,19 @@ def main(argv=None):
                        for r in runs])
     for r in runs:
         print(f"{r['workers']} worker(s): {r['seconds']:.2f} s, {r['chain_draws_per_s']:,.0f} chain-draws/s, "
-              f"speedup {r['speedup']:.2f}, efficiency {r['efficiency']:.0%}")
+              f"speedup {r['speedup']:.2f}, efficiency {r['efficiency']:.0%}"
+              + (f", {r['grad_evals']:.4g} gradient evaluations in {r['blocks']} blocks" if r.get("grad_evals") else "")
+              + (f"; SUSPECT ({r['suspect']}): {r.get('suspect_detail', '')}" if r.get("suspect") else ""))
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     ax1.plot(workers, workers, "k--", lw=1, label="ideal")
     ax1.plot(workers, speedup, "o-", color="tab:blue", label="measured")
     for w, s, r in zip(workers, speedup, runs, strict=True):
-        ax1.annotate(f"{s:.2f}x ({r['efficiency']:.0%})", (w, s), textcoords="offset points", xytext=(6, -12),
-                     fontsize=8)
+        # dhmc scale marks a point "suspect" (e.g. "superlinear": faster than linear, which equal work on
+        # pinned CPU workers cannot be) instead of letting the figure report it silently
+        note = f"\nsuspect: {r['suspect']}" if r.get("suspect") else ""
+        ax1.annotate(f"{s:.2f}x ({r['efficiency']:.0%}){note}", (w, s), textcoords="offset points", xytext=(6, -12),
+                     fontsize=8, va="top", color="tab:red" if note else "black")
     ax1.set(xlabel="workers", ylabel="speedup", xticks=workers, title="speedup (efficiency)")
     ax1.set_xlim(workers.min() - 0.3, workers.max() + 0.6)
     ax1.set_ylim(0, max(workers.max(), speedup.max()) * 1.15)
@@ -142,6 +147,10 @@ def main(argv=None):
     cores = machine.get("cores_available")
     title = (f"Strong scaling: {runs[0]['chains']} chains x {runs[0]['draws']} draws of {result['model']}"
              + (f" on {where}" if where else "") + (f" ({cores} cores)" if cores else ""))
+    suspect = [r for r in runs if r.get("suspect")]
+    if suspect:
+        reasons = ", ".join(sorted({r["suspect"] for r in suspect}))
+        title += f"\n{len(suspect)} point(s) marked suspect ({reasons}): see scaling.json"
     busy = [r for r in runs if r.get("cpu_share") is not None and r["cpu_share"] < 0.8]
     if busy:  # dhmc scale records the share of CPU the workers got; on a busy machine the times mean little
         title += (f"\nthe machine was busy (workers got {min(r['cpu_share'] for r in busy):.0%} of their CPU at "

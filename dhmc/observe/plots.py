@@ -80,10 +80,12 @@ def _series(studies: Sequence[dict]) -> list[tuple[str, list[dict]]]:
 
 
 def _busy(run: dict) -> str:
-    """A warning for a point measured while the workers did not get their cores (a busy machine)."""
+    """A warning for a point measured while the workers did not get their cores (a busy machine), or one the
+    study marked suspect (unequal work, or faster than linear)."""
     share = run.get("cpu_share")
     busy = share is not None and share < 0.75 and run.get("cpu_workers", True)
-    return f"\n(busy: CPU {share:.0%})" if busy else ""
+    note = f"\n(busy: CPU {share:.0%})" if busy else ""
+    return note + (f"\n(suspect: {run['suspect']})" if run.get("suspect") else "")
 
 
 def _hosts_differ(studies) -> bool:

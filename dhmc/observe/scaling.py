@@ -12,11 +12,23 @@ growing size, writes ``DIR/scaling.json`` and PNG plots, and returns the record.
 Each point runs on freshly started workers: the embedded local cluster is started anew with ``n``
 workers (each pinned to its own core while there are cores enough, so the study measures cores, not
 XLA's threads); a dask-cuda, Slurm or given ``Cluster`` is scaled to ``n`` workers and restarted with
-``client.restart()``. Each point first runs one untimed warm-up sample of the same block shape, so
-that every worker has compiled its program; the timed repeats must then compile nothing (a repeat
-that did is discarded and run again). ``seconds`` is the wall time of the sampling phase (submitting
-the first block to writing the last, dhmc's ``dhmc_timing`` ``sampling + writing``); the whole call,
-with the driver's set-up, is ``wall_seconds``, and the warm-up's compile time is ``compile_seconds``.
+``client.restart()``. Each point first runs one untimed warm-up sample identical to the timed ones (the
+same chains, draws, blocks and seed), so that every worker has compiled its program and run blocks, and
+the driver has seen the ensemble's shapes, at every point alike; the timed repeats must then compile
+nothing (a repeat that did is discarded and run again). ``seconds`` is the wall time of the sampling
+phase (submitting the first block to writing the last, dhmc's ``dhmc_timing`` ``sampling + writing``); the
+whole call, with the driver's set-up, is ``wall_seconds``, and the warm-up's compile time is
+``compile_seconds``.
+
+Equal work is checked, not assumed: every point records its plan (``chains_per_task``,
+``draws_per_segment``, ``blocks``), the gradient evaluations it did (``grad_evals``, the sum of
+``sample_stats.n_steps``), and from dhmc's worker metrics how many blocks each worker ran and how long a
+block took (``block_seconds``). A strong study whose points differ in blocks or gradient evaluations (a
+weak one: not in proportion to the workers) is marked ``"suspect": "unequal work"``; a point faster than
+linear (``speedup > workers``), which equal blocks on pinned workers cannot be, is marked
+``"suspect": "superlinear"``: its ``block_seconds`` against the baseline's then shows whether the machine
+was slower while the baseline ran (other work on the machine or its host, which ``cpu_share`` cannot see
+when it runs on the cores the baseline leaves free).
 
 This module imports only the standard library at import time; JAX, Dask and matplotlib are imported
 when a study runs.
@@ -155,7 +167,6 @@ def run_study(
     say(f"dhmc scale {kind}: models {', '.join(models)}; points "
         + ", ".join(f"{w}w x {c} chains" for w, c in points) + f"; {draws} draws; {repeat} repeats -> {out}")
     with _Clusters(cluster, cluster_options, workers) as clusters:
-        dps_cache: dict[tuple, int] = {}
         for n, c in points:
             t_point = time.perf_counter()
             client = clusters.get(n)
@@ -164,7 +175,7 @@ def run_study(
                 machine.update(_cluster_info(client))
             for m in models:
                 step, steps = settings[m]
-                record = _time_point(client, m, n, c, draws, cpt_of(c), step, steps, seed, repeat, dps_cache)
+                record = _time_point(client, m, n, c, draws, cpt_of(c), step, steps, seed, repeat)
                 record.update(cluster_start_seconds=cluster_seconds, pinned=clusters.pinned(n),
                               fresh_workers=clusters.restarted is not False, cpu_workers=clusters.cpu_workers,
                               load_average=_loadavg())
@@ -172,7 +183,10 @@ def run_study(
                 say(f"  {m}: {n} worker(s), {c} chains: {record['seconds']:.3f} s "
                     f"(min {record['seconds_min']:.3f}, max {record['seconds_max']:.3f}), "
                     f"{record['chain_draws_per_s']:,.0f} chain-draws/s, compile {record['compile_seconds']:.2f} s, "
-                    f"acceptance {record['acceptance_rate']:.2f}" + _busy(record))
+                    f"acceptance {record['acceptance_rate']:.2f}; {record['blocks']} blocks of "
+                    f"{record['chains_per_task']} chains x {record['draws_per_segment']} draws"
+                    + (f" ({record['block_seconds']:.3f} s each)" if record.get("block_seconds") else "")
+                    + f", {_count_text(record['grad_evals_all'])} gradient evaluations" + _busy(record))
             clusters.release(n)
             _derive(kind, runs)
             result["wall_seconds"] = time.perf_counter() - t_study
@@ -185,6 +199,10 @@ def run_study(
     if busy:
         say(f"dhmc scale {kind}: warning: at {len(busy)} of {len(runs)} points the workers got under 75% of their "
             "cores (other work on this machine); the speedups are not reliable")
+    for run in runs:
+        if run.get("suspect"):
+            say(f"dhmc scale {kind}: warning: {run['model']}, {run['workers']} worker(s): suspect "
+                f"({run['suspect']}): {run['suspect_detail']}")
     result["complete"] = True
     result["wall_seconds"] = time.perf_counter() - t_study
     _write(result, out)
@@ -316,35 +334,53 @@ def _sample(client, model, chains, draws, cpt, step, steps, seed) -> dict:
     if timing is None:
         raise ScalingError("dhmc.sample returned no dhmc_timing attribute")
     acceptance = float(tree["sample_stats"]["acceptance_rate"].mean())
-    return {"wall": wall, "timing": timing, "spec": spec or {}, "acceptance": acceptance,
+    # the leapfrog steps (gradient evaluations) of every chain and draw: the work this run did
+    grad_evals = int(tree["sample_stats"]["n_steps"].values.sum(dtype="int64"))
+    return {"wall": wall, "timing": timing, "spec": spec or {}, "acceptance": acceptance, "grad_evals": grad_evals,
             "seconds": timing["sampling"] + timing.get("writing", 0.0)}
 
 
-def _time_point(client, model, n, chains, draws, cpt, step, steps, seed, repeat, dps_cache) -> dict:
-    """One warm-up run that compiles on every worker, then ``repeat`` timed runs."""
-    # Warm-up: two blocks per worker of the timed runs' block shape (chains_per_task x draws_per_segment).
-    # Once draws_per_segment is known, one segment of draws is enough.
-    key = (model, cpt, draws)
-    warm_draws = dps_cache.get(key, draws)
-    warm = _sample(client, model, min(chains, 2 * n * cpt), warm_draws, cpt, step, steps, seed + 1)
-    dps = int(warm["spec"].get("draws_per_segment", draws))
-    dps_cache[key] = dps
+def _time_point(client, model, n, chains, draws, cpt, step, steps, seed, repeat) -> dict:
+    """One untimed warm-up run identical to the timed ones, then ``repeat`` timed runs."""
+    # The warm-up is the timed call itself (same chains, draws, blocks and seed): every worker compiles
+    # its program and runs blocks, and the driver meets the ensemble's shapes, before any timed run, at
+    # every point alike; a smaller warm-up left some of that to the first timed run of some points.
+    warm = _sample(client, model, chains, draws, cpt, step, steps, seed)
     compile_seconds = warm["timing"]["compile"]
 
-    timed, discarded = [], 0
+    timed, discarded, cold = [], 0, []
     while len(timed) < repeat:
-        cpu = _worker_cpu(client)
+        cpu, blocks = _worker_cpu(client), _worker_blocks(client)
         run = _sample(client, model, chains, draws, cpt, step, steps, seed)
-        run["cpu_share"] = _cpu_share(cpu, _worker_cpu(client), run["seconds"])
+        after_cpu, after_blocks = _worker_cpu(client), _worker_blocks(client)
+        run["cpu_share"] = _cpu_share(cpu, after_cpu, run["seconds"])
+        run["worker_cpu_seconds"] = _cpu_seconds(cpu, after_cpu)
+        run["per_worker"] = _blocks_delta(blocks, after_blocks)
         if run["timing"]["compile"] > 0 and discarded < repeat:
             discarded += 1  # a worker compiled during the timed run: not warm, run it again
+            cold.append(run["timing"]["compile"])
             compile_seconds = max(compile_seconds, run["timing"]["compile"])
             continue
         timed.append(run)
     seconds = [r["seconds"] for r in timed]
     median = statistics.median(seconds)
+    spec = timed[0]["spec"]
+    dps = int(spec.get("draws_per_segment", draws))
+    cpt = int(spec.get("chains_per_task", cpt))
     chunks = math.ceil(chains / cpt)
     segments = math.ceil(draws / dps)
+    grad_evals = [r["grad_evals"] for r in timed]
+    # per repeat: blocks each worker ran, and the device seconds per block (dhmc's worker metrics)
+    per_worker = [r["per_worker"] for r in timed]
+    counted = [sum(b for b, _ in pw) for pw in per_worker if pw]
+    if not any(counted):  # no dhmc worker metrics on this cluster: nothing counted
+        per_worker, counted = [[] for _ in timed], []
+    block_seconds = [sum(t for _, t in pw) / max(1, sum(b for b, _ in pw)) for pw in per_worker if pw]
+    busy = [sum(t for _, t in pw) / (r["seconds"] * n) for pw, r in zip(per_worker, timed, strict=True)
+            if pw and r["seconds"] > 0]
+    # the workers' CPU seconds per block: near block_seconds when they had their cores; above the quiet
+    # machine's value when the CPU itself ran slower (other work on the machine or its host)
+    block_cpu = [r["worker_cpu_seconds"] / (chunks * segments) for r in timed if r["worker_cpu_seconds"]]
     return {
         "model": model,
         "workers": n,
@@ -356,22 +392,36 @@ def _time_point(client, model, n, chains, draws, cpt, step, steps, seed, repeat,
         "seconds_all": seconds,
         "wall_seconds": statistics.median(r["wall"] for r in timed),
         "chain_draws_per_s": chains * draws / median,
-        "grad_evals_per_s": chains * draws * steps / median,
+        "grad_evals": grad_evals[0] if len(set(grad_evals)) == 1 else None,
+        "grad_evals_all": grad_evals,
+        "grad_evals_per_s": statistics.median(grad_evals) / median,
         "speedup": None,
         "efficiency": None,
+        "suspect": None,
         "compile_seconds": compile_seconds,
+        "compile_seconds_all": [r["timing"]["compile"] for r in timed],
         "warmup_run_seconds": warm["wall"],
         "repeats": repeat,
         "discarded_cold_repeats": discarded,
+        "discarded_compile_seconds": cold,
         "chains_per_task": cpt,
         "draws_per_segment": dps,
         "blocks": chunks * segments,
+        # blocks the workers reported per repeat (None without dhmc's worker metrics): equal to "blocks"
+        "blocks_run_all": counted or None,
+        "blocks_per_worker_all": [sorted((b for b, _ in pw), reverse=True) for pw in per_worker] if counted else None,
+        # device seconds per block (median over repeats), and the share of the timed window the workers
+        # spent in blocks (1: no idle time, no overhead between blocks)
+        "block_seconds": statistics.median(block_seconds) if block_seconds else None,
+        "block_cpu_seconds": statistics.median(block_cpu) if block_cpu else None,
+        "worker_busy": statistics.median(busy) if busy else None,
         "step_size": step,
         "num_steps": steps,
         "acceptance_rate": statistics.fmean(r["acceptance"] for r in timed),
         # CPU seconds the workers used per second of sampling, averaged over workers: ~1 when each
         # worker had its core to itself, well below 1 when the machine was busy with other work
         "cpu_share": _median_or_none([r["cpu_share"] for r in timed]),
+        "worker_cpu_seconds": _median_or_none([r["worker_cpu_seconds"] for r in timed]),
     }
 
 
@@ -387,13 +437,40 @@ def _cpu_share(before: dict, after: dict, seconds: float) -> float | None:
     return statistics.fmean(shares) if shares else None
 
 
+def _cpu_seconds(before: dict, after: dict) -> float | None:
+    used = [after[w] - before[w] for w in after if w in before]
+    return sum(used) if used else None
+
+
+def _blocks_here(dask_worker=None) -> tuple[int, float] | None:
+    """On a worker: (blocks done, their device seconds) from dhmc's worker metrics."""
+    try:
+        from dhmc.observe import metrics
+    except ImportError:
+        return None
+    stats = metrics._stats.get(dask_worker)
+    return (0, 0.0) if stats is None else (int(stats.blocks_done), float(stats.sampling_seconds))
+
+
+def _worker_blocks(client) -> dict:
+    try:
+        return {w: v for w, v in client.run(_blocks_here).items() if v is not None}
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return {}
+
+
+def _blocks_delta(before: dict, after: dict) -> list[tuple[int, float]]:
+    """``(blocks, seconds)`` per worker between two snapshots (workers that ran none included)."""
+    return [(after[w][0] - before.get(w, (0, 0.0))[0], after[w][1] - before.get(w, (0, 0.0))[1]) for w in after]
+
+
 def _median_or_none(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
 
 
 def _derive(kind: str, runs: list[dict]) -> None:
-    """Fill ``speedup`` and ``efficiency``, per model, relative to its own baseline."""
+    """Fill ``speedup`` and ``efficiency``, per model, relative to its own baseline; mark suspect points."""
     for model in {r["model"] for r in runs}:
         mine = [r for r in runs if r["model"] == model]
         if kind == "chains":
@@ -402,6 +479,7 @@ def _derive(kind: str, runs: list[dict]) -> None:
             for r in mine:
                 r["speedup"] = r["chain_draws_per_s"] / base
                 r["efficiency"] = r["chain_draws_per_s"] / best
+                _mark(r, [])
             continue
         first = min(mine, key=lambda r: r["workers"])
         w0, rate0 = first["workers"], first["chain_draws_per_s"]
@@ -411,6 +489,49 @@ def _derive(kind: str, runs: list[dict]) -> None:
             # the same from the fastest / slowest repeats of this point and the baseline's median
             r["speedup_min"] = w0 * r["chains"] * r["draws"] / r["seconds_max"] / rate0
             r["speedup_max"] = w0 * r["chains"] * r["draws"] / r["seconds_min"] / rate0
+            r["block_seconds_vs_baseline"] = (r["block_seconds"] / first["block_seconds"]
+                                              if r.get("block_seconds") and first.get("block_seconds") else None)
+            _mark(r, _suspicions(kind, r, first))
+
+
+def _suspicions(kind: str, run: dict, base: dict) -> list[tuple[str, str]]:
+    """``(reason, detail)`` for a strong/weak point that is not equal work or is faster than linear."""
+    found = []
+    n, n0 = run["workers"], base["workers"]
+    num, den = (1, 1) if kind == "strong" else (n, n0)  # weak: the work grows with the workers
+    same = "the same as" if kind == "strong" else f"{n / n0:g}x"
+    if len(set(run.get("grad_evals_all") or ())) > 1:
+        found.append(("unequal work", f"the repeats did different numbers of gradient evaluations: "
+                                      f"{run['grad_evals_all']}"))
+    for key, label in (("grad_evals", "gradient evaluations"), ("blocks", "blocks")):
+        mine, theirs = run.get(key), base.get(key)
+        if mine is not None and theirs is not None and mine * den != theirs * num:
+            found.append(("unequal work", f"{mine:,} {label}, not {same} the {n0}-worker point's {theirs:,}"))
+    blocks_run = run.get("blocks_run_all")
+    if blocks_run and any(b != run["blocks"] for b in blocks_run):
+        found.append(("unequal work", f"the workers ran {blocks_run} blocks, not the plan's {run['blocks']}"))
+    if run is not base and run["speedup"] > n:
+        detail = (f"speedup {run['speedup']:.2f}x on {n} workers is more than {n}x, which equal blocks on "
+                  f"{n} workers cannot give")
+        b, b0 = run.get("block_seconds"), base.get("block_seconds")
+        if b and b0:
+            c, c0 = run.get("block_cpu_seconds"), base.get("block_cpu_seconds")
+            cpu = f" (CPU {c0:.3f} s and {c:.3f} s)" if c and c0 else ""
+            detail += (f"; a block took {b0:.3f} s at the {n0}-worker point and {b:.3f} s here{cpu}, "
+                       f"{b0 / b:.2f}x: "
+                       + ("the machine was slower while the baseline ran (other work on it or its host)"
+                          if b0 > b else "the difference is outside the blocks (idle workers, overhead)"))
+        found.append(("superlinear", detail))
+    return found
+
+
+def _mark(run: dict, found: list[tuple[str, str]]) -> None:
+    reasons = list(dict.fromkeys(reason for reason, _ in found))
+    run["suspect"] = ", ".join(reasons) or None
+    if found:
+        run["suspect_detail"] = "; ".join(detail for _, detail in found)
+    else:
+        run.pop("suspect_detail", None)
 
 
 # -- clusters ------------------------------------------------------------------------------------------
@@ -567,6 +688,10 @@ def _busy(record) -> str:
         return ""
     note = f", workers' CPU share {share:.0%}"
     return note + (" (the machine is busy: timings are unreliable)" if share < 0.75 else "")
+
+
+def _count_text(counts) -> str:
+    return " / ".join(f"{c:.4g}" for c in dict.fromkeys(counts))  # one number when the repeats agree
 
 
 def _say(progress) -> Callable[[str], None]:

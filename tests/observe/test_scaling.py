@@ -38,9 +38,15 @@ def _check_schema(result: dict, kind: str, out) -> None:
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
-def test_strong_study_on_the_embedded_cluster(tmp_path):
-    out = tmp_path / "strong"
-    result = scaling.run_study("strong", [1, 2], chains=16, model="gaussian_2d", out=out, **TINY)
+@pytest.fixture(scope="module")
+def strong_study(tmp_path_factory):
+    """One small strong study on 1 and 2 embedded workers, shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("strong")
+    return scaling.run_study("strong", [1, 2], chains=16, model="gaussian_2d", out=out, **TINY), out
+
+
+def test_strong_study_on_the_embedded_cluster(strong_study):
+    result, out = strong_study
     _check_schema(result, "strong", out)
     runs = result["runs"]
     assert [r["workers"] for r in runs] == [1, 2]
@@ -52,6 +58,26 @@ def test_strong_study_on_the_embedded_cluster(tmp_path):
     assert all(r["acceptance_rate"] > 0.2 for r in runs)
     assert all(r["discarded_cold_repeats"] == 0 for r in runs), "the warm-up did not compile on every worker"
     assert len(list(out.glob("*.png"))) >= 2
+
+
+def test_strong_points_do_equal_work(strong_study):
+    """Every point of a strong study times the same blocks and the same gradient evaluations."""
+    result, out = strong_study
+    one, two = sorted(json.loads((out / "scaling.json").read_text())["runs"], key=lambda r: r["workers"])
+    assert (one["workers"], two["workers"]) == (1, 2)
+    for key in ("chains", "draws", "chains_per_task", "draws_per_segment", "blocks", "num_steps", "grad_evals"):
+        assert one[key] == two[key], key
+    # the gradient evaluations are counted from sample_stats.n_steps: chains x draws x leapfrog steps
+    assert one["grad_evals"] == 16 * TINY["draws"] * TINY["num_steps"]
+    assert one["grad_evals_all"] == two["grad_evals_all"] == [one["grad_evals"]] * TINY["repeat"]
+    assert one["blocks"] == (16 // one["chains_per_task"]) * -(-TINY["draws"] // one["draws_per_segment"])
+    # the workers' own counts (dhmc's worker metrics) agree with the plan, and both workers took part
+    for run in (one, two):
+        assert run["blocks_run_all"] == [run["blocks"]] * TINY["repeat"]
+        assert all(sum(per) == run["blocks"] and len(per) == run["workers"] for per in run["blocks_per_worker_all"])
+        assert run["block_seconds"] > 0 and run["block_cpu_seconds"] > 0 and 0 < run["worker_busy"] <= 1.05
+        assert run["compile_seconds_all"] == [0.0] * TINY["repeat"]
+        assert run["suspect"] in (None, "superlinear")  # never "unequal work"; superlinear: a noisy machine
 
 
 def test_chains_study_on_one_worker(tmp_path):
@@ -151,6 +177,44 @@ def test_speedup_is_normalised_per_workload_and_plotted(tmp_path, kind):
     assert {"speedup.png", "efficiency.png"} <= names
     assert ("time_per_chain.png" if kind == "weak" else "time.png") in names
     assert all(p.stat().st_size > 5000 for p in paths)
+
+
+@pytest.mark.parametrize("kind", ["strong", "weak"])
+def test_faster_than_linear_is_marked_suspect(tmp_path, kind):
+    study = _synthetic(kind)
+    runs = [r for r in study["runs"] if r["model"] == "gaussian_2d"]
+    for r in runs:
+        r.update(grad_evals=r["chains"] * 400 * 10, blocks=r["chains"] // 8, block_seconds=0.5)
+    runs[0]["block_seconds"] = 0.6  # the baseline's blocks ran slower: a slower machine, not dhmc
+    two = next(r for r in runs if r["workers"] == 2)
+    for key in ("seconds", "seconds_min", "seconds_max"):
+        two[key] /= 2.3 / 1.8  # 2.3x on 2 workers instead of 1.8x (efficiency 0.9)
+    two["chain_draws_per_s"] = two["chains"] * 400 / two["seconds"]
+    scaling._derive(kind, study["runs"])
+    assert two["speedup"] == pytest.approx(2.3)
+    assert two["suspect"] == "superlinear"
+    assert "more than 2x" in two["suspect_detail"] and "slower while the baseline ran" in two["suspect_detail"]
+    assert two["block_seconds_vs_baseline"] == pytest.approx(0.5 / 0.6)
+    assert all(r["suspect"] is None for r in study["runs"] if r is not two)
+    assert "suspect: superlinear" in plots._busy(two)
+    plots.plot_study(study, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["strong", "weak"])
+def test_unequal_work_is_marked_suspect(kind):
+    study = _synthetic(kind)
+    runs = [r for r in study["runs"] if r["model"] == "coin_toss"]
+    for r in runs:
+        r.update(grad_evals=r["chains"] * 400 * 10, blocks=r["chains"] // 8)
+    scaling._derive(kind, study["runs"])
+    assert all(r["suspect"] is None for r in study["runs"])  # strong: the same work; weak: in proportion
+    four = next(r for r in runs if r["workers"] == 4)
+    four["grad_evals"] += 1
+    four["blocks"] += 1
+    scaling._derive(kind, study["runs"])
+    assert four["suspect"] == "unequal work"
+    assert "gradient evaluations" in four["suspect_detail"] and "blocks" in four["suspect_detail"]
+    assert all(r["suspect"] is None for r in study["runs"] if r is not four)
 
 
 def test_plots_refuse_mixed_kinds(tmp_path):
