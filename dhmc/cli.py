@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dhmc.errors import WorkerCrashError
+from dhmc.errors import NoWorkersError, WorkerCrashError
 
 ERRORS = (ValueError, TypeError, FileExistsError, PermissionError, FileNotFoundError, RuntimeError, OSError)
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except WorkerCrashError as e:  # the run cannot go on: its whole message (block, signal, stderr)
+    except (WorkerCrashError, NoWorkersError) as e:  # the run cannot go on: the whole message (block, signal)
         print(f"dhmc: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["WorkerCrashError"]
+__all__ = ["NoWorkersError", "WorkerCrashError"]
 
 
 class WorkerCrashError(RuntimeError):
@@ -11,4 +11,12 @@ class WorkerCrashError(RuntimeError):
     A crash (a segfault, an abort, a kill by the OS) is not retried forever: the run ends with this
     error, naming the block, the model, how the last worker ended and what it last wrote to stderr.
     Every block finished before it is in the store, which ``dhmc resume`` continues.
+    """
+
+
+class NoWorkersError(RuntimeError):
+    """The cluster had no worker for ``dhmc.no-workers-timeout`` while blocks waited to run.
+
+    Workers lost for good (a Slurm walltime, embedded workers out of restarts) end the run with this
+    error instead of a wait without end; the store keeps every finished block for ``dhmc resume``.
     """

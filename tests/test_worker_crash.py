@@ -136,3 +136,43 @@ def test_the_command_line_exits_1_with_the_whole_crash_message(monkeypatch, caps
     assert cli.main(["sample", "coin_toss", "--out", "x.zarr"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dhmc: error: a sample block") and "SIGSEGV" in err and "Fatal Python error" in err
+
+
+def plain_logdensity(p):
+    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2)
+
+
+def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_path):
+    import dask
+    import psutil
+
+    kw = dict(KW, cluster_options={"max_restarts": 0})
+    dhmc.sample(plain_logdensity, store=tmp_path / "ref.zarr", **KW)
+    store, outcome = tmp_path / "lost.zarr", {}
+
+    def run():
+        try:
+            dhmc.sample(plain_logdensity, store=store, **kw)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome["error"], outcome["at"] = e, time.monotonic()
+
+    with dask.config.set({"dhmc.no-workers-timeout": "5s"}):
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while _done(store) < 2 and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.02)
+        workers = [p for p in psutil.Process().children(recursive=True) if "dask_spec" in " ".join(p.cmdline())]
+        assert len(workers) == 2, workers
+        for worker in workers:
+            worker.kill()
+        killed = time.monotonic()
+        thread.join(120)
+    assert not thread.is_alive(), "the run hangs without workers"
+    error = outcome.get("error")
+    assert isinstance(error, dhmc.NoWorkersError), repr(error)
+    assert outcome["at"] - killed < 30 and f"dhmc resume {store}" in str(error)
+    total = zarr.open_group(str(store), mode="r")["dhmc/done"].size
+    assert _done(store) < total
+    dhmc.resume(store, target=plain_logdensity, init=KW["init"], progress=False)
+    assert _same(tmp_path / "ref.zarr", store)

@@ -171,29 +171,32 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-class _CrashReportedByDhmc(logging.Filter):
-    """Drop the scheduler's "marked as failed because N workers died" line: WorkerCrashError says it."""
+class _ReportedByDhmc(logging.Filter):
+    """Drop the scheduler's "Task ... marked as failed because ..." lines (N workers died, no workers):
+    dhmc raises WorkerCrashError or NoWorkersError with what the user needs instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "workers died while trying to run it" not in record.getMessage()
+        message = record.getMessage()
+        return not (message.startswith("Task ") and "marked as failed because" in message)
 
 
 def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboard_address: str = "127.0.0.1:0",
-                  pin: bool = True, memory_limit=0) -> SpecCluster:
+                  pin: bool = True, memory_limit=0, max_restarts: int = 10) -> SpecCluster:
     """The embedded cluster: an in-process scheduler on loopback and one pinned worker per core."""
     cores = available_cores()
     n_workers = n_workers or len(cores)
     worker_opts = {"nthreads": 1, "host": host, "memory_limit": memory_limit, "silence_logs": 40,
                    "preload": ["dhmc.distributed.worker"]}
     scheduler_log = logging.getLogger("distributed.scheduler")
-    if not any(isinstance(f, _CrashReportedByDhmc) for f in scheduler_log.filters):
-        scheduler_log.addFilter(_CrashReportedByDhmc())
+    if not any(isinstance(f, _ReportedByDhmc) for f in scheduler_log.filters):
+        scheduler_log.addFilter(_ReportedByDhmc())
     log_dir = tempfile.mkdtemp(prefix="dhmc-workers-")
     workers = {}
     for i in range(n_workers):
         mine = [cores[i % len(cores)]] if pin and n_workers <= len(cores) else None
         workers[f"dhmc-{i}"] = {"cls": PinnedWorker, "options": {
-            "cores": mine, "worker_class": "distributed.Worker", "log_file": os.path.join(log_dir, f"dhmc-{i}.log"),
+            "cores": mine, "max_restarts": max_restarts, "worker_class": "distributed.Worker",
+            "log_file": os.path.join(log_dir, f"dhmc-{i}.log"),
             "worker_kwargs": {**worker_opts, "name": f"dhmc-{i}"}, "name": f"dhmc-{i}"}}
     port = _free_port(host)
     scheduler = {"cls": Scheduler, "options": {"host": host, "port": port, "dashboard_address": dashboard_address}}
@@ -255,9 +258,11 @@ def connect(cluster=None, options: dict | None = None):
         kind = cluster or "local"
         builder = {"local": local_cluster, "cuda": cuda_cluster, "slurm": slurm_cluster}[kind]
         opts = config.cluster_options(kind, options)
-        # A block that killed this many workers ends the run (WorkerCrashError) instead of being retried
-        crashes = {"distributed.scheduler.allowed-failures": max(0, int(config.get("worker-crashes")) - 1)}
-        with dask.config.set(crashes):
+        # A block that killed this many workers ends the run (WorkerCrashError) instead of being retried,
+        # and blocks fail once the cluster has had no worker for this long (NoWorkersError), never hang
+        limits = {"distributed.scheduler.allowed-failures": max(0, int(config.get("worker-crashes")) - 1),
+                  "distributed.scheduler.no-workers-timeout": config.get("no-workers-timeout")}
+        with dask.config.set(limits):
             started = builder(**opts)
         client = Client(started, set_as_default=False)
         n = opts.get("jobs") if kind == "slurm" else expected_workers(started)

@@ -92,10 +92,21 @@ class Runner:
             except Exception as e:  # noqa: BLE001
                 if type(e).__name__ == "KilledWorker":
                     raise crash_error(self.client, e, job, self.spec.model, self.store) from None
+                if type(e).__name__ == "NoWorkerError":
+                    raise self._no_workers_error(e) from None
                 if type(e).__name__ not in RETRYABLE or attempt == self.max_retries:
                     raise
                 future = self._submit(job, key)
         raise AssertionError("unreachable")
+
+    def _no_workers_error(self, error):
+        from dhmc.errors import NoWorkersError
+
+        timeout = getattr(error, "timeout", None)
+        waited = f" for {timeout:g} s" if timeout else ""
+        hint = f"; every block finished before is in {self.store}: dhmc resume {self.store}" if self.store else ""
+        return NoWorkersError(f"the cluster had no worker{waited} while blocks of model {self.spec.model!r} "
+                              f"waited to run (lost jobs, or workers out of restarts){hint}")
 
     def _account(self, result):
         self.timing["compile"] = max(self.timing["compile"], result["compile_seconds"])
