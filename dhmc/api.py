@@ -21,7 +21,7 @@ import numpy as np
 from dhmc.core.ensemble import KERNELS, initial_positions
 from dhmc.distributed.plan import RunSpec, default_chains_per_task, default_draws_per_segment
 from dhmc.models import LogDensityTarget, NumPyroTarget, example, is_numpyro_model
-from dhmc.models.base import FlatModel
+from dhmc.models.base import TRACING, FlatModel
 from dhmc.storage import schema
 
 if TYPE_CHECKING:
@@ -235,7 +235,9 @@ def _initial_positions(model: FlatModel, name, batched, seed, chains) -> np.ndar
 
 def _evaluate(model: FlatModel, name, positions) -> np.ndarray:
     try:
-        values = jax.jit(jax.vmap(model.logdensity_fn))(jnp.asarray(positions))
+        with TRACING:
+            evaluate = jax.jit(jax.vmap(model.logdensity_fn)).lower(jnp.asarray(positions))
+        values = evaluate.compile()(jnp.asarray(positions))
     except Exception as e:  # noqa: BLE001 - the user's function failed: say which and on what
         msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"the log density {name!r} failed on one chain's position (flat size {model.dim}): "

@@ -293,12 +293,18 @@ def precompile(spec: RunSpec, model) -> dict:
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    import jax
+
     from dhmc.distributed.worker import precompile as compile_block
+
+    def compile_in_this_thread(*args):
+        with jax.enable_x64(spec.x64):  # the caller's x64 may be a context of its own thread
+            return compile_block(*args)
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-compile")
     phases = {"warmup": max(1, spec.warmup)} if spec.warmup else {}
     phases["sample"] = spec.draws_per_segment
-    futures = {phase: pool.submit(compile_block, model, spec.kernel_config, phase, n, spec.chains_per_task,
+    futures = {phase: pool.submit(compile_in_this_thread, model, spec.kernel_config, phase, n, spec.chains_per_task,
                                   spec.dense_mass) for phase, n in phases.items()}
     pool.shutdown(wait=False)
     return futures

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
+from dhmc.models.base import TRACING
 
 _MODELS: dict[str, Any] = {}
 _PROGRAMS: dict[tuple, Any] = {}
@@ -150,7 +151,9 @@ def compile_program(program, args):
     """Compile for the default backend; on CPUs with LLVM's -O2, which halves compile time (measured
     here: 5.4 s -> 2.3 s for a 128-chain logistic-regression block) and runs as fast as -O3."""
     options = {"xla_backend_optimization_level": 2} if jax.default_backend() == "cpu" else None
-    return jax.jit(program).lower(*args).compile(compiler_options=options)
+    with TRACING:
+        lowered = jax.jit(program).lower(*args)
+    return lowered.compile(compiler_options=options)
 
 
 def precompile(model, config: KernelConfig, phase: str, num_iterations: int, chains: int, dense_mass: bool) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -9,6 +10,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from dhmc.types import Array
+
+#: Held while a model is traced. NumPyro keeps its effect-handler stack in one global list, so two
+#: threads tracing a NumPyro model at once (the driver compiling block programs while it checks the
+#: initial points) corrupt each other's traces; tracing is cheap next to compiling, which runs unlocked.
+TRACING = threading.Lock()
 
 
 @dataclass(frozen=True)
