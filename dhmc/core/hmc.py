@@ -59,7 +59,7 @@ def build_kernel(divergence_threshold: float = 1000.0):
 
     A transition refreshes the momentum, integrates ``num_steps`` leapfrog steps, and accepts the
     end point with probability ``min(1, exp(-energy error))``. An energy error above
-    ``divergence_threshold`` (or not finite) is flagged as a divergence and rejected.
+    ``divergence_threshold``, or not finite either way, is flagged as a divergence and rejected.
     """
 
     def kernel(
@@ -78,7 +78,9 @@ def build_kernel(divergence_threshold: float = 1000.0):
         energy0 = -state.logdensity + kinetic_energy(inverse_mass_matrix, momentum)
         energy1 = -end.logdensity + kinetic_energy(inverse_mass_matrix, end.momentum)
         delta = energy1 - energy0
-        delta = jnp.where(jnp.isnan(delta), jnp.inf, delta)
+        # not finite (a log density that overflowed to +inf or NaN, e.g. a float32 trajectory flung far
+        # out): a divergence, never an acceptance with delta = -inf
+        delta = jnp.where(jnp.isfinite(delta), delta, jnp.inf)
         diverging = delta > divergence_threshold
         acceptance_rate = jnp.exp(jnp.minimum(0.0, -delta))
         accept = (jax.random.uniform(key_accept, dtype=delta.dtype) < acceptance_rate) & ~diverging

@@ -150,7 +150,9 @@ class Runner:
         wmean = lambda xs: float(np.dot(weights, xs) / weights.sum())
         stats = [r["stats"] for r in results]
         step = np.exp(wmean([np.log(s["step_size"]) for s in stats]))
-        length = np.exp(wmean([np.log(s["trajectory_length"]) for s in stats]))
+        lengths = [float(s["trajectory_length"]) for s in stats]
+        # fixed-step HMC carries the placeholder -1 (its steps are fixed): keep it, do not average logs of it
+        length = np.exp(wmean(np.log(lengths))) if min(lengths) > 0 else float(params["trajectory_length"])
         new = dict(params, step_size=np.asarray(step, self.dtype), trajectory_length=np.asarray(length, self.dtype))
         if wf is not None:
             merged = None

@@ -41,6 +41,24 @@ def test_kernel_flags_divergences_and_rejects_them():
     assert np.array_equal(new.position, state.position)
 
 
+def test_a_proposal_whose_log_density_overflows_to_plus_inf_is_a_divergence():
+    """delta = -inf used to be accepted: float32 chains flung to 1e20 stayed there, and warmup collapsed."""
+
+    def overflowing(x):  # +inf past |x| = 2, as a float32 quadratic form of mixed signs can give
+        return jnp.where(jnp.abs(x[0]) > 2.0, jnp.inf, -0.5 * jnp.sum(x**2))
+
+    state = hmc.init(jnp.array([1.5]), overflowing)
+    kernel = hmc.build_kernel()
+    for seed in range(20):
+        new, info = kernel(jax.random.PRNGKey(seed), state, overflowing, 3.0, jnp.ones(1), 1)
+        if abs(float(info.proposal[0])) > 2.0:
+            assert bool(info.diverging) and float(info.acceptance_rate) == 0.0
+            assert np.array_equal(new.position, state.position)
+            break
+    else:
+        raise AssertionError("no proposal left the region")
+
+
 def test_ensemble_sampling_recovers_a_badly_scaled_gaussian_with_dense_mass():
     cov = np.array([[1.0, 0.95 * 30], [0.95 * 30, 900.0]])
     prec = jnp.asarray(np.linalg.inv(cov))
