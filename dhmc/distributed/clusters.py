@@ -38,12 +38,14 @@ class WorkerDeath:
     """An embedded worker process that ended while the cluster was running."""
 
     worker: str
-    returncode: int
+    returncode: int | None  # None: the process could not be restarted
     stderr_tail: tuple[str, ...]
     time: float
 
     def describe(self) -> str:
-        """``"killed by signal 9 (SIGKILL)"`` or ``"exited with code 1"``."""
+        """``"killed by signal 9 (SIGKILL)"``, ``"exited with code 1"`` or ``"could not be restarted"``."""
+        if self.returncode is None:
+            return "could not be restarted"
         if self.returncode < 0:
             try:
                 name = signal.Signals(-self.returncode).name
@@ -100,7 +102,11 @@ class PinnedWorker(SubprocessWorker):
             if self.restarts_left <= 0:
                 return
             self.restarts_left -= 1
-            self.process = await self._spawn()
+            try:
+                self.process = await self._spawn()
+            except Exception as e:  # noqa: BLE001 - kept as this worker's last word, not lost in a task
+                self.deaths.append(WorkerDeath(str(self.name), None, (repr(e),), time.time()))
+                return
 
     def _stderr_tail(self, lines: int = 15) -> tuple[str, ...]:
         if self.log_file is None:

@@ -105,8 +105,14 @@ class Runner:
         timeout = getattr(error, "timeout", None)
         waited = f" for {timeout:g} s" if timeout else ""
         hint = f"; every block finished before is in {self.store}: dhmc resume {self.store}" if self.store else ""
-        return NoWorkersError(f"the cluster had no worker{waited} while blocks of model {self.spec.model!r} "
-                              f"waited to run (lost jobs, or workers out of restarts){hint}")
+        lines = [f"the cluster had no worker{waited} while blocks of model {self.spec.model!r} "
+                 f"waited to run (lost jobs, or workers out of restarts){hint}"]
+        deaths = getattr(getattr(self.client, "cluster", None), "worker_deaths", lambda: [])()
+        if deaths:
+            last = deaths[-1]
+            lines.append(f"{len(deaths)} worker process(es) ended; the last, {last.worker}, {last.describe()}")
+            lines += [f"    {line}" for line in last.stderr_tail]
+        return NoWorkersError("\n".join(lines))
 
     def _account(self, result):
         self.timing["compile"] = max(self.timing["compile"], result["compile_seconds"])

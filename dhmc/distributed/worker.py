@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
+from dhmc.distributed import events
 from dhmc.models.base import TRACING
 
 _MODELS: dict[str, Any] = {}
@@ -228,13 +229,6 @@ def run_job(job: Job) -> dict:
 
 
 def _record(job, chains, grad_evals, seconds, compile_seconds, acceptance, divergences):
-    try:
-        from dhmc.observe.metrics import record_block
-    except ImportError:
-        return
-    try:
-        record_block(run_id=job.run_id, phase=job.phase, chains=chains, draws=job.num_iterations,
-                     grad_evals=grad_evals, seconds=seconds, compile_seconds=compile_seconds,
-                     acceptance_mean=acceptance, divergences=divergences)
-    except Exception:  # noqa: BLE001 - metrics must never fail a block
-        pass
+    events.block_finished(run_id=job.run_id, phase=job.phase, chains=chains, draws=job.num_iterations,
+                          grad_evals=grad_evals, seconds=seconds, compile_seconds=compile_seconds,
+                          acceptance_mean=acceptance, divergences=divergences)

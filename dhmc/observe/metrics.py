@@ -244,7 +244,10 @@ class DhmcWorkerPlugin(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker: Any) -> None:  # noqa: D102
+        from dhmc.distributed.events import on_block
+
         instrument(worker, on_loop=True)
+        on_block(record_block)
 
 
 def record_block(
