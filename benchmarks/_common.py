@@ -430,21 +430,23 @@ class DhmcProbe:
             return client, timed_close
 
         self._wrap(clusters, "connect", "cluster_start", after_connect)
-        self._wrap(api, "_resolve_target", "resolve_target")
-        self._wrap(api, "_initial_positions", "initial_positions")
-        self._wrap(api, "_layout", "layout")
+        self._wrap(api, "resolve_target", "resolve_target")
+        self._wrap(api, "initial_positions", "initial_positions")
+        self._wrap(api, "layout_for", "layout")
         self._wrap(Runner, "warmup", "runner_warmup")
         self._wrap(Runner, "sample", "runner_sample")
         self._wrap(schema, "to_datatree", "to_datatree")
 
         original_result = Runner._result
 
-        def _result(runner, future, job, key):
-            out = original_result(runner, future, job, key)
-            probe.blocks.append({"phase": job.phase, "chains": job.chain_stop - job.chain_start,
-                                 "iterations": job.num_iterations, "seconds": out.get("seconds"),
-                                 "compile_seconds": out.get("compile_seconds"), "received": time.time(),
-                                 "key": getattr(future, "key", None)})
+        def _result(runner, block):
+            out = original_result(runner, block)
+            if out is not None:
+                job = block.job
+                probe.blocks.append({"phase": job.phase, "chains": job.chain_stop - job.chain_start,
+                                     "iterations": job.num_iterations, "seconds": out.get("seconds"),
+                                     "compile_seconds": out.get("compile_seconds"), "received": time.time(),
+                                     "key": getattr(block.future, "key", None)})
             return out
 
         Runner._result = _result

@@ -38,18 +38,20 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     import jax.numpy as jnp
     import numpy as np
 
-    from dhmc.api import _layout
     from dhmc.distributed import worker
-    from dhmc.distributed.runner import RunSpec, initial_params
+    from dhmc.distributed.runner import initial_params
+    from dhmc.distributed.spec import RunSpec, layout_for
     from dhmc.models import LogDensityTarget
 
     target = C.TARGETS[target_name]()
     init = target.init(chains)
     resolved = LogDensityTarget(target.logdensity, {target.key: init[0]}, name="bench")
     model = resolved.build()
-    layout = _layout(model, chains, draws, chains_per_task, None)
+    layout = layout_for(model, chains, draws, chains_per_task, gpu=False)
     cpt, dps = layout.chains_per_task, layout.draws_per_segment
-    spec = RunSpec("bench", chains, draws, 0, 1, "hmc", eps, steps, None, False, False, 0.8, cpt, dps, False)
+    spec = RunSpec(model="bench", chains=chains, draws=draws, warmup=0, seed=1, kernel="hmc", step_size=eps,
+                   num_steps=steps, trajectory_length=None, adapt=False, dense_mass=False, target_accept=0.8,
+                   chains_per_task=cpt, draws_per_segment=dps, x64=False)
     blob = cloudpickle.dumps(resolved)
     params = initial_params(spec, model.dim, model.dtype)
 
@@ -91,14 +93,14 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     out["dhmc_block_device_s"] = min(out["dhmc_block_device_s"], r["seconds"])
     out["floor_block_device_s"] = min(out["floor_block_device_s"], C.timed(lambda: compiled(keys[:cpt], init[:cpt]))[0])
 
-    # the driver's initial-position check, as dhmc.api._initial_positions does it on each call
+    # the driver's initial-position check, as dhmc.models.resolve.initial_positions does it on each call
     t = time.perf_counter()
     np.asarray(jax.jit(jax.vmap(model.logdensity_fn))(jnp.asarray(init)))
     out["dhmc_driver_init_check_s"] = time.perf_counter() - t
-    from dhmc.api import _initial_positions
+    from dhmc.models.resolve import initial_positions
 
     t = time.perf_counter()
-    _initial_positions(model, "bench", {target.key: init}, 1, chains)
+    initial_positions(model, "bench", {target.key: init}, 1, chains)
     out["dhmc_driver_initial_positions_s"] = time.perf_counter() - t
 
     workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

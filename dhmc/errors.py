@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["NoWorkersError", "WorkerCrashError"]
+__all__ = ["BlockTimeoutError", "NoWorkersError", "WorkerCrashError"]
 
 
 class WorkerCrashError(RuntimeError):
@@ -19,4 +19,11 @@ class NoWorkersError(RuntimeError):
 
     Workers lost for good (a Slurm walltime, embedded workers out of restarts) end the run with this
     error instead of a wait without end; the store keeps every finished block for ``dhmc resume``.
+    """
+
+
+class BlockTimeoutError(RuntimeError):
+    """No block finished for ``dhmc.block-timeout`` while blocks were running: a stuck worker or device.
+
+    The run ends instead of waiting without end; the store keeps every finished block for ``dhmc resume``.
     """

@@ -87,7 +87,8 @@ class PinnedWorker(SubprocessWorker):
             return await asyncio.create_subprocess_exec(*cmd)
         with open(self.log_file, "ab") as log:
             self._log_start = log.tell()
-            return await asyncio.create_subprocess_exec(*cmd, stderr=log)
+            env = {**os.environ, "DHMC_BLOCK_LOG": "1"}  # the worker notes each block it starts in its log
+            return await asyncio.create_subprocess_exec(*cmd, stderr=log, env=env)
 
     async def _start(self) -> None:
         self.process = await self._spawn()

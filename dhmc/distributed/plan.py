@@ -70,35 +70,3 @@ def warmup_rounds(warmup: int) -> list[int]:
     sizes = [int(round(f * warmup)) for f in WARMUP_FRACTIONS]
     sizes[-1] += warmup - sum(sizes)
     return sizes
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything that determines the draws (JSON-able; saved in the store to resume)."""
-
-    model: str
-    chains: int
-    draws: int
-    warmup: int
-    seed: int
-    kernel: str
-    step_size: float | None
-    num_steps: int | None
-    trajectory_length: float | None
-    adapt: bool
-    dense_mass: bool
-    target_accept: float
-    chains_per_task: int
-    draws_per_segment: int
-    x64: bool
-
-    @property
-    def plan(self) -> Plan:
-        return Plan(self.chains, self.draws, self.warmup, self.chains_per_task, self.draws_per_segment)
-
-    @property
-    def kernel_config(self):
-        from dhmc.core.ensemble import KernelConfig
-
-        return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
-                            dense_mass=self.dense_mass)

@@ -1,25 +1,41 @@
-"""The driver: plans blocks, submits them to a Dask cluster, merges warmup, streams draws to storage.
+"""Blocks on a cluster: submit them, wait for them without hanging, merge warmup, stream draws to a sink.
 
-This is the one module that owns a ``Client``. Blocks are submitted per chunk of chains; each
-chunk's next segment is submitted as soon as its previous one is written, so the store always
+This is the one module that owns a ``Client``'s futures. Blocks are submitted per chunk of chains;
+each chunk's next segment is submitted as soon as its previous one is in the sink, so a store always
 holds a prefix of every chunk and a resume continues exactly where the data ends.
+
+Waiting never hangs: every second the runner checks for worker processes that died (on the
+embedded cluster, which records them) and for a run in which no block finished for
+``dhmc.block-timeout``; the scheduler's ``KilledWorker`` and ``no-workers-timeout`` end it elsewhere.
 """
 
 from __future__ import annotations
 
-import hashlib
+import re
 import time
 import uuid
+from dataclasses import dataclass
 
-import cloudpickle
 import numpy as np
+from dask.utils import parse_timedelta
 
 from dhmc.core.adaptation.welford import WelfordState, welford
 from dhmc.distributed import config
-from dhmc.distributed.plan import RunSpec, warmup_rounds
+from dhmc.distributed.plan import warmup_rounds
+from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.worker import Job, run_job
 
 RETRYABLE = ("CommClosedError", "FutureCancelledError", "CancelledError")  # lost, not crashed: sent again
+TICK = 1.0  # seconds between health checks while waiting
+
+
+@dataclass
+class _Block:
+    job: Job
+    key: str
+    future: object
+    tag: tuple
+    retries: int = 0
 
 
 class Runner:
@@ -31,36 +47,36 @@ class Runner:
         A connected ``distributed.Client``.
     spec
         The run's :class:`RunSpec`.
-    target
-        A picklable target (see :mod:`dhmc.models`).
-    dim, dtype
-        Size and dtype of the flat unconstrained position.
+    model_blob, model_token
+        The pickled target and its hash (see :func:`dhmc.distributed.startup.pickle_target`).
+    dtype
+        Dtype of the flat unconstrained position.
     sink
-        Receives ``(chunk, segment, block)`` for every finished sampling block; its ``flush()``, if
-        any, is called when sampling ends or is interrupted.
+        Where sampling blocks go (``dhmc.storage.sinks``): ``destination``, ``write``, ``close``.
+    observers
+        Objects with ``warmup_block(round, rounds, chunks_done, chunks)`` and
+        ``sample_block(chunk, segment, result, chain_draws)`` (both optional), told as blocks finish.
     executables
-        ``{phase: Future of bytes}`` from :func:`precompile`, shipped with every full-sized block.
+        ``{phase: Future of bytes}`` from :func:`~dhmc.distributed.startup.precompile`, shipped with
+        every full-sized block.
+    store
+        The store's path, named in errors (``dhmc resume STORE``).
     """
 
-    def __init__(self, client, spec: RunSpec, target, dim: int, dtype, sink, progress=None, executables=None,
-                 store=None):
-        from dhmc.observe.convergence import RunningConvergence
-
-        self.client, self.spec, self.dim, self.dtype = client, spec, dim, np.dtype(dtype)
-        plan = spec.plan
-        self.convergence = RunningConvergence(plan.chains, plan.num_segments, plan.chains_per_task)
-        self.started = time.perf_counter()
-        self.blocks_done = 0
-        self.sink, self.progress = sink, progress
-        self.blob = _pickle(target)
-        self.token = hashlib.sha1(self.blob).hexdigest()
-        self.run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
+    def __init__(self, client, spec: RunSpec, model_blob: bytes, model_token: str, dtype, sink, observers=(),
+                 executables=None, store=None, run_id: str | None = None):
+        self.client, self.spec, self.dtype = client, spec, np.dtype(dtype)
+        self.blob, self.token, self.sink, self.store = model_blob, model_token, sink, store
+        self.observers, self.executables = list(observers), executables or {}
+        self.run_id = run_id or f"dhmc-{uuid.uuid4().hex[:8]}"
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
         self.max_retries = int(config.get("allowed-failures"))
-        self.executables = executables or {}
-        self.store = store
+        self.block_timeout = parse_timedelta(config.get("block-timeout"))
+        self.crashes = int(config.get("worker-crashes"))
+        self._deaths = getattr(getattr(client, "cluster", None), "worker_deaths", None)
+        self._deaths_before = len(self._deaths()) if self._deaths else 0
 
-    # -- submission ---------------------------------------------------------------------------
+    # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
         chains = self.spec.plan.chunk(chunk)
         return Job(self.run_id, self.token, self.blob, self.spec.x64, self.spec.kernel_config, self.spec.seed,
@@ -76,46 +92,111 @@ class Runner:
         except Exception:  # noqa: BLE001 - workers compile for themselves
             return None
 
-    def _submit(self, job: Job, key: str):
-        return self.client.submit(run_job, job, key=f"{key}-{uuid.uuid4().hex[:6]}", pure=False, retries=0)
+    def _submit(self, job: Job, key: str, tag) -> _Block:
+        future = self.client.submit(run_job, job, key=f"{key}-{uuid.uuid4().hex[:6]}", pure=False, retries=0)
+        return _Block(job, key, future, tag)
 
-    def _result(self, future, job: Job, key: str):
-        """The future's result, re-submitting a block lost to a dropped connection.
+    def _finished(self, blocks: dict):
+        """Yield ``(tag, result)`` as the blocks in ``blocks`` (keyed by tag) finish; may add blocks meanwhile."""
+        from distributed import wait
 
-        A block whose workers died while running it (the scheduler's ``KilledWorker``, after
-        ``dhmc.worker-crashes`` deaths on a cluster dhmc started) ends the run with
-        :class:`~dhmc.errors.WorkerCrashError`.
-        """
-        for attempt in range(self.max_retries + 1):
+        last = time.monotonic()
+        while blocks:
             try:
-                return future.result()
-            except Exception as e:  # noqa: BLE001
-                if type(e).__name__ == "KilledWorker":
-                    raise crash_error(self.client, e, job, self.spec.model, self.store) from None
-                if type(e).__name__ == "NoWorkerError":
-                    raise self._no_workers_error(e) from None
-                if type(e).__name__ not in RETRYABLE or attempt == self.max_retries:
-                    raise
-                future = self._submit(job, key)
-        raise AssertionError("unreachable")
+                with self.client.as_current():
+                    done, _ = wait([b.future for b in blocks.values()], timeout=TICK, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = ()
+            if not done:
+                self._check_health(blocks, time.monotonic() - last)
+                continue
+            last = time.monotonic()
+            for block in [b for b in list(blocks.values()) if b.future in done]:
+                result = self._result(block)
+                if result is None:  # lost to a dropped connection: sent again
+                    block.future = self._submit(block.job, block.key, block.tag).future
+                    block.retries += 1
+                    continue
+                del blocks[block.tag]
+                self.timing["compile"] = max(self.timing["compile"], result["compile_seconds"])
+                yield block.tag, result
 
-    def _no_workers_error(self, error):
+    def _result(self, block: _Block):
+        """The block's result, None for one to send again, or the error that ends the run."""
+        future = block.future
+        if future.status == "finished":
+            return future.result()
+        error = future.exception()
+        name = type(error).__name__
+        if name == "KilledWorker":
+            last = getattr(error.last_worker, "name", None) or getattr(error.last_worker, "address", "?")
+            raise self._crash_error(error.allowed_failures + 1, block.job.describe(), str(last)) from None
+        if name == "NoWorkerError":
+            raise self._no_workers_error(getattr(error, "timeout", None)) from None
+        if name in RETRYABLE and block.retries < self.max_retries:
+            return None
+        future.result()  # raises the user's own exception, with its traceback
+
+    def _check_health(self, blocks: dict, idle: float) -> None:
+        """End a run whose workers keep dying, or in which no block finished for ``dhmc.block-timeout``."""
+        deaths = self._deaths()[self._deaths_before:] if self._deaths else []
+        if len(deaths) >= self.crashes:
+            ran = _block_in(deaths[-1].stderr_tail, self.run_id)
+            raise self._crash_error(len(deaths), ran or "block", deaths[-1].worker)
+        if self.block_timeout and idle > self.block_timeout:
+            from dhmc.errors import BlockTimeoutError
+
+            running = ", ".join(sorted(b.job.describe() for b in blocks.values())[:3])
+            raise BlockTimeoutError(f"no block of model {self.spec.model!r} finished for {idle:.0f} s "
+                                    f"(dhmc.block-timeout; running: {running}){self._hint()}")
+
+    def _hint(self) -> str:
+        return f"; every block finished before is in {self.store}: dhmc resume {self.store}" if self.store else ""
+
+    def _crash_error(self, count: int, block: str, worker: str, wait: float = 5.0):
+        """A :class:`WorkerCrashError` naming the block, the model and how the last worker ended.
+
+        On the embedded cluster the message has the dead worker's exit signal or code and the last
+        lines it wrote to stderr (the driver may hear of its death a moment after the scheduler).
+        """
+        from dhmc.errors import WorkerCrashError
+
+        death, deadline = None, time.monotonic() + wait
+        while self._deaths is not None and death is None and time.monotonic() < deadline:
+            death = next((d for d in reversed(self._deaths()) if d.worker == worker), None)
+            time.sleep(0 if death else 0.05)
+        how = death.describe() if death else "ended (exit status unknown: see that worker's log)"
+        lines = [f"a {block} of model {self.spec.model!r} killed {count} worker(s); the last, {worker}, {how}"]
+        if death and death.stderr_tail:
+            lines.append("its last lines on stderr:")
+            lines += [f"    {line}" for line in death.stderr_tail]
+        if self.store is not None:
+            lines.append(f"every block finished before it is in {self.store}; once the cause is fixed: "
+                         f"dhmc resume {self.store}")
+        return WorkerCrashError("\n".join(lines))
+
+    def _no_workers_error(self, timeout):
         from dhmc.errors import NoWorkersError
 
-        timeout = getattr(error, "timeout", None)
         waited = f" for {timeout:g} s" if timeout else ""
-        hint = f"; every block finished before is in {self.store}: dhmc resume {self.store}" if self.store else ""
         lines = [f"the cluster had no worker{waited} while blocks of model {self.spec.model!r} "
-                 f"waited to run (lost jobs, or workers out of restarts){hint}"]
-        deaths = getattr(getattr(self.client, "cluster", None), "worker_deaths", lambda: [])()
+                 f"waited to run (lost jobs, or workers out of restarts){self._hint()}"]
+        deaths = self._deaths() if self._deaths else []
         if deaths:
-            last = deaths[-1]
-            lines.append(f"{len(deaths)} worker process(es) ended; the last, {last.worker}, {last.describe()}")
-            lines += [f"    {line}" for line in last.stderr_tail]
+            lines.append(f"{len(deaths)} worker process(es) ended; the last, {deaths[-1].worker}, "
+                         f"{deaths[-1].describe()}")
+            lines += [f"    {line}" for line in deaths[-1].stderr_tail]
         return NoWorkersError("\n".join(lines))
 
-    def _account(self, result):
-        self.timing["compile"] = max(self.timing["compile"], result["compile_seconds"])
+    def tell(self, event: str, *args) -> None:
+        """Call ``event(*args)`` on every observer that has it."""
+        for observer in self.observers:
+            method = getattr(observer, event, None)
+            if method is not None:
+                try:
+                    method(*args)
+                except Exception:  # noqa: BLE001 - observability never stops a run
+                    pass
 
     # -- warmup -------------------------------------------------------------------------------
     def warmup(self, positions: np.ndarray, params: dict) -> tuple[np.ndarray, dict, list[dict]]:
@@ -129,17 +210,20 @@ class Runner:
         for r, n in enumerate(rounds):
             collect = spec.adapt and r < len(rounds) - 1
             find_step = spec.adapt and r == 0 and spec.step_size is None
-            jobs = [self._job("warmup", c, first, n, positions[plan.chunk(c).start:plan.chunk(c).stop], params,
-                              adapt=spec.adapt, collect_mass=collect, find_step=find_step)
-                    for c in range(plan.num_chunks)]
-            keys = [f"{self.run_id}-warmup-{r}-{c}" for c in range(plan.num_chunks)]
-            futures = [self._submit(j, k) for j, k in zip(jobs, keys, strict=True)]
-            results = []
-            for c, (f, j, k) in enumerate(zip(futures, jobs, keys, strict=True)):
-                results.append(self._result(f, j, k))
-                self._account(results[-1])
-                if self.progress:
-                    self.progress.warmup(r, len(rounds), c + 1, plan.num_chunks)
+            blocks = {}
+            for c in range(plan.num_chunks):
+                chains = plan.chunk(c)
+                job = self._job("warmup", c, first, n, positions[chains.start:chains.stop], params,
+                                adapt=spec.adapt, collect_mass=collect, find_step=find_step)
+                blocks[c] = self._submit(job, f"{self.run_id}-warmup-{r}-{c}", c)
+            results = {}
+            try:
+                for c, result in self._finished(blocks):
+                    results[c] = result
+                    self.tell("warmup_block", r, len(rounds), len(results), plan.num_chunks)
+            finally:
+                self._cancel(blocks)
+            results = [results[c] for c in range(plan.num_chunks)]
             positions = np.concatenate([res["position"] for res in results])
             if spec.adapt:
                 params, summary = self._merge(params, results, wf if collect else None)
@@ -175,147 +259,53 @@ class Runner:
         }
         return new, summary
 
-    def _publish(self, chunk, segment, result) -> None:
-        """Progress and running convergence for the dashboard's /dhmc page; never fails the run."""
-        plan = self.spec.plan
-        self.blocks_done += 1
-        try:
-            from dhmc.observe.dashboard import publish_progress
-
-            self.convergence.add(chunk, segment, result["posterior"])
-            publish_progress(self.client, {
-                "run_id": self.run_id, "phase": "sampling", "blocks_done": self.blocks_done,
-                "blocks_total": plan.num_chunks * plan.num_segments, "chains": plan.chains,
-                "draws_done": self.blocks_done * plan.chains_per_task * plan.draws_per_segment,
-                "draws_total": plan.chains * plan.draws, "elapsed_s": time.perf_counter() - self.started,
-                "convergence": self.convergence.report(),
-            })
-        except Exception:  # noqa: BLE001 - observability never stops a run
-            pass
-
     # -- sampling -----------------------------------------------------------------------------
     def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict) -> None:
         """Stream every remaining block to the sink.
 
         ``start_positions[chunk] = (segment, positions)``: where each chunk continues.
         """
-        from distributed import as_completed
-
         spec, plan = self.spec, self.spec.plan
         start = time.perf_counter()
-        pending = {}
-        ac = as_completed(loop=self.client.loop)
+        blocks: dict = {}
 
         def submit(chunk, segment, positions):
-            if segment >= plan.num_segments:
-                return
-            draws = plan.segment(segment)
-            job = self._job("sample", chunk, spec.warmup + draws.start, plan.draws_per_segment, positions, params,
-                            keep_draws=len(draws))
-            key = f"{self.run_id}-sample-{chunk}-{segment}"
-            future = self._submit(job, key)
-            pending[future.key] = (chunk, segment, job, key, future)
-            ac.add(future)
+            if segment < plan.num_segments:
+                draws = plan.segment(segment)
+                job = self._job("sample", chunk, spec.warmup + draws.start, plan.draws_per_segment, positions,
+                                params, keep_draws=len(draws), store=self.sink.destination(chunk, segment))
+                blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
 
         try:
             for chunk, (segment, positions) in sorted(start_positions.items()):
                 submit(chunk, segment, positions)
-            for future in ac:
-                chunk, segment, job, key, original = pending.pop(future.key)
-                result = self._result(future, job, key)
-                self._account(result)
+            for (chunk, segment), result in self._finished(blocks):
                 t = time.perf_counter()
                 self.sink.write(chunk, segment, result)
-                self.timing["writing"] += time.perf_counter() - t
+                self.timing["writing"] += time.perf_counter() - t + result.get("write_seconds", 0.0)
                 submit(chunk, segment + 1, result["position"])
-                self._publish(chunk, segment, result)
-                if self.progress:
-                    self.progress.block(len(job.positions) * job.keep_draws, result)
-        finally:  # what has arrived reaches the store, also when the run is interrupted
-            t = time.perf_counter()
-            if hasattr(self.sink, "flush"):
-                self.sink.flush()
-            self.timing["writing"] += time.perf_counter() - t
+                self.tell("sample_block", chunk, segment, result, len(plan.chunk(chunk)) * len(plan.segment(segment)))
+        finally:  # what has arrived reaches the sink, also when the run is interrupted
+            self._cancel(blocks)
+            self.sink.close()
         self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
 
-
-def crash_error(client, killed, job: Job, model: str, store=None, wait: float = 5.0):
-    """A :class:`WorkerCrashError` for the scheduler's ``KilledWorker`` on ``job``.
-
-    On the embedded cluster the message has the last dead worker's exit signal or code and the last
-    lines it wrote to stderr (its death is recorded by the driver, which may hear of it a moment
-    after the scheduler).
-    """
-    from dhmc.errors import WorkerCrashError
-
-    last = getattr(killed.last_worker, "name", None) or getattr(killed.last_worker, "address", "?")
-    deaths = getattr(getattr(client, "cluster", None), "worker_deaths", None)
-    death = None
-    deadline = time.monotonic() + wait
-    while deaths is not None and death is None:
-        death = next((d for d in reversed(deaths()) if d.worker == str(last)), None)
-        if death is None and time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    how = death.describe() if death else "ended (exit status unknown: see that worker's log)"
-    iterations = f"{job.first_iteration}-{job.first_iteration + job.num_iterations - 1}"
-    lines = [f"a {job.phase} block (chains {job.chain_start}-{job.chain_stop - 1}, iterations {iterations}) of "
-             f"model {model!r} killed {killed.allowed_failures + 1} worker(s); the last, {last}, {how}"]
-    if death and death.stderr_tail:
-        lines.append("its last lines on stderr:")
-        lines += [f"    {line}" for line in death.stderr_tail]
-    if store is not None:
-        lines.append(f"every block finished before it is in {store}; once the cause is fixed: dhmc resume {store}")
-    return WorkerCrashError("\n".join(lines))
+    def _cancel(self, blocks: dict) -> None:
+        """Cancel blocks still queued or running (a run that ended early leaves no work behind)."""
+        if blocks:
+            try:
+                self.client.cancel([b.future for b in blocks.values()])
+            except Exception:  # noqa: BLE001 - the cluster may be gone already
+                pass
 
 
-def _pickle(target) -> bytes:
-    """Pickle a target, shipping the user's own modules by value (workers may not be able to import them)."""
-    import sys
-    import sysconfig
-
-    library = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], sys.prefix + "/lib")
-    modules = []
-    for fn in (getattr(target, "logdensity_fn", None), getattr(target, "model", None),
-               getattr(getattr(target, "target", None), "logdensity_fn", None),
-               getattr(getattr(target, "target", None), "model", None)):
-        name = getattr(fn, "__module__", None)
-        module = sys.modules.get(name) if name else None
-        path = getattr(module, "__file__", None) or ""
-        if module and name != "__main__" and not name.startswith("dhmc") and not path.startswith(library):
-            modules.append(module)
-    for module in modules:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        return cloudpickle.dumps(target)
-    finally:
-        for module in modules:
-            cloudpickle.unregister_pickle_by_value(module)
-
-
-def precompile(spec: RunSpec, model) -> dict:
-    """Compile the run's block programs in a background thread, while the cluster starts.
-
-    Only for workers that share this machine and backend (the embedded cluster): one compile here
-    replaces one per worker, and overlaps with starting them. Returns ``{phase: Future of bytes}``.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    import jax
-
-    from dhmc.distributed.worker import precompile as compile_block
-
-    def compile_in_this_thread(*args):
-        with jax.enable_x64(spec.x64):  # the caller's x64 may be a context of its own thread
-            return compile_block(*args)
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-compile")
-    phases = {"warmup": max(1, spec.warmup)} if spec.warmup else {}
-    phases["sample"] = spec.draws_per_segment
-    futures = {phase: pool.submit(compile_in_this_thread, model, spec.kernel_config, phase, n, spec.chains_per_task,
-                                  spec.dense_mass) for phase, n in phases.items()}
-    pool.shutdown(wait=False)
-    return futures
+def _block_in(stderr_tail, run_id: str) -> str | None:
+    """The block a worker said it was running for ``run_id`` (its last such line on stderr)."""
+    pattern = re.compile(rf"^dhmc: {re.escape(run_id)} runs the (.+)$")
+    for line in reversed(stderr_tail):
+        if match := pattern.match(line):
+            return match.group(1)
+    return None
 
 
 def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
@@ -332,4 +322,4 @@ def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
             "trajectory_length": np.asarray(length, dtype)}
 
 
-__all__ = ["Runner", "RunSpec", "initial_params", "precompile"]
+__all__ = ["Runner", "initial_params"]

@@ -7,6 +7,8 @@ later tasks reuse it (a jitted closure shipped per task would re-trace every tim
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,13 @@ class Job:
     collect_mass: bool = False
     find_step: bool = False
     executable: bytes | None = field(default=None, repr=False)  # the driver's compiled program, if any
+    store: Any = field(default=None, repr=False)  # a storage.zarr_.BlockDestination: the worker writes there
+
+    def describe(self) -> str:
+        """``"sample block (chains 0-15, iterations 100-149)"``."""
+        last = self.first_iteration + self.num_iterations - 1
+        return (f"{self.phase} block (chains {self.chain_start}-{self.chain_stop - 1}, iterations "
+                f"{self.first_iteration}-{last})")
 
 
 def _tune_malloc() -> None:
@@ -197,7 +206,9 @@ def _program(job: Job, model, args):
 
 
 def run_job(job: Job) -> dict:
-    """Run one block and return NumPy arrays (the task blocks until the device is done)."""
+    """Run one block; return its end positions and statistics, and its draws unless it wrote them to the store."""
+    if os.environ.get("DHMC_BLOCK_LOG"):  # an embedded worker's log file says what it ran, for crash reports
+        sys.stderr.write(f"dhmc: {job.run_id} runs the {job.describe()}\n")
     jax.config.update("jax_enable_x64", job.x64)
     prepare_process()
     model = load_model(job.model_token, job.model_blob)
@@ -219,13 +230,38 @@ def run_job(job: Job) -> dict:
         grad_evals, acceptance, divergences = int(out.grad_evals), float(out.acceptance_rate), int(out.divergences)
     else:
         kept = job.keep_draws
-        result["posterior"] = {k: v[:, :kept] for k, v in out["posterior"].items()}
-        result["sample_stats"] = stats = {k: v[:, :kept] for k, v in out["sample_stats"].items()}
+        block = {group: {k: v[:, :kept] for k, v in out[group].items()} for group in ("posterior", "sample_stats")}
+        stats = block["sample_stats"]
         grad_evals = int(stats["n_steps"][0].sum()) * n
         acceptance = float(stats["acceptance_rate"].mean())
         divergences = int(stats["diverging"].sum())
+        result["moments"] = chain_moments(block["posterior"])
+        if job.store is None:
+            result.update(block)
+        else:
+            start = time.perf_counter()
+            result["written"] = job.store.write({**block, "position": end})
+            result["write_seconds"] = time.perf_counter() - start
     _record(job, n, grad_evals, seconds, compile_seconds, acceptance, divergences)
     return result
+
+
+def chain_moments(posterior: dict[str, np.ndarray], max_chains: int = 256, max_params: int = 16) -> dict:
+    """Per-chain count, mean and sum of squared deviations of the first scalar parameters, for running R-hat.
+
+    Returns ``{"names", "count", "mean", "m2"}`` for the block's first ``max_chains`` chains and
+    ``max_params`` scalars: a few KiB, whatever the block's size.
+    """
+    flat, names = [], []
+    for name, values in posterior.items():
+        v = np.asarray(values, float).reshape(values.shape[0], values.shape[1], -1)[:max_chains]
+        for i in range(v.shape[2]):
+            names.append(name if v.shape[2] == 1 and values.ndim == 2 else f"{name}[{i}]")
+            flat.append(v[..., i])
+    x = np.stack(flat[:max_params], axis=-1)
+    mean = x.mean(axis=1)
+    return {"names": names[:max_params], "count": x.shape[1], "mean": mean,
+            "m2": ((x - mean[:, None]) ** 2).sum(axis=1)}
 
 
 def _record(job, chains, grad_evals, seconds, compile_seconds, acceptance, divergences):

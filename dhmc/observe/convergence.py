@@ -19,26 +19,21 @@ class RunningConvergence:
         self.count = np.zeros((self.tracked, segments))
         self.mean = self.m2 = None
 
-    def add(self, chunk: int, segment: int, posterior: dict[str, np.ndarray]) -> None:
-        """Fold one block's constrained draws ``{name: (chains, draws, ...)}`` in."""
+    def add(self, chunk: int, segment: int, moments: dict) -> None:
+        """Fold one block's per-chain moments in (``dhmc.distributed.worker.chain_moments``)."""
         c0 = chunk * self.cpt
         if c0 >= self.tracked:
             return
-        flat, names = [], []
-        for name, values in posterior.items():
-            v = np.asarray(values, float).reshape(values.shape[0], values.shape[1], -1)
-            for i in range(v.shape[2]):
-                names.append(name if v.shape[2] == 1 and values.ndim == 2 else f"{name}[{i}]")
-                flat.append(v[..., i])
-        x = np.stack(flat[: self.max_params], axis=-1)[: self.tracked - c0]
+        mean, m2 = np.asarray(moments["mean"], float), np.asarray(moments["m2"], float)
+        rows = slice(c0, min(c0 + mean.shape[0], self.tracked))
+        n = rows.stop - rows.start
         if self.names is None:
-            self.names = names[: self.max_params]
-            self.mean = np.zeros((self.tracked, self.segments, x.shape[-1]))
+            self.names = list(moments["names"])
+            self.mean = np.zeros((self.tracked, self.segments, mean.shape[-1]))
             self.m2 = np.zeros_like(self.mean)
-        rows = slice(c0, c0 + x.shape[0])
-        self.count[rows, segment] = x.shape[1]
-        self.mean[rows, segment] = x.mean(axis=1)
-        self.m2[rows, segment] = ((x - x.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+        self.count[rows, segment] = moments["count"]
+        self.mean[rows, segment] = mean[:n]
+        self.m2[rows, segment] = m2[:n]
 
     def report(self) -> dict[str, dict[str, float]]:
         """``{param: {"rhat", "ess_bulk"}}`` over the segments every tracked chain has done."""

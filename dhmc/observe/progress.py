@@ -9,14 +9,18 @@ import time
 class Progress:
     """Prints ``dhmc: warmup round 2/5 | sampling 12/40 blocks, 51,200 chain-draws/s`` in place."""
 
-    def __init__(self, total_blocks: int, dashboard: str | None, stream=sys.stderr):
-        self.total, self.done, self.stream = total_blocks, 0, stream
+    def __init__(self, stream=sys.stderr):
+        self.total, self.done, self.stream = 0, 0, stream
         self.start = time.perf_counter()
         self.chain_draws = 0
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self.last = float("-inf")
-        if dashboard:
-            print(f"dhmc: dashboard {dashboard}", file=stream, flush=True)
+
+    def start_run(self, client, run_id: str, plan) -> None:
+        """Print the dashboard link; count the blocks to come."""
+        self.total = plan.num_chunks * plan.num_segments
+        if client.dashboard_link:
+            print(f"dhmc: dashboard {client.dashboard_link}", file=self.stream, flush=True)
 
     def _show(self, text: str) -> None:
         if self.tty:
@@ -25,11 +29,11 @@ class Progress:
             print(f"dhmc: {text}", file=self.stream, flush=True)
             self.last = time.perf_counter()
 
-    def warmup(self, round_index: int, rounds: int, chunks_done: int, chunks: int) -> None:
+    def warmup_block(self, round_index: int, rounds: int, chunks_done: int, chunks: int) -> None:
         self._show(f"warmup round {round_index + 1}/{rounds}, {chunks_done}/{chunks} blocks")
         self.start = time.perf_counter()
 
-    def block(self, chain_draws: int, result: dict) -> None:
+    def sample_block(self, chunk: int, segment: int, result: dict, chain_draws: int) -> None:
         self.done += 1
         self.chain_draws += chain_draws
         rate = self.chain_draws / max(time.perf_counter() - self.start, 1e-9)

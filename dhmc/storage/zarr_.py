@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -81,24 +81,71 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
     return root
 
 
-def block_arrays(root: zarr.Group, layout: Layout) -> dict:
-    """The arrays a block is written into, opened once (opening one reads its metadata from disk)."""
-    names = [f"{g}/{n}" for g, specs in layout.groups().items() for n in specs]
-    return {name: root[name] for name in [*names, f"{INTERNAL}/position", f"{INTERNAL}/done"]}
+@dataclass(frozen=True)
+class BlockDestination:
+    """Where one block goes in a store; the worker that ran the block writes it (see :meth:`write`).
+
+    ``path`` must be reachable from the worker: a local path for the embedded cluster, the shared
+    filesystem under Slurm, or an fsspec URL. The driver marks the block done only after the worker
+    reported its write (:func:`mark_done`), so a block interrupted mid-write is written again on resume.
+    """
+
+    path: str
+    layout: Layout
+    chunk: int
+    segment: int
+    run_id: str
+
+    def write(self, block: dict) -> dict:
+        """Write ``posterior``/``sample_stats`` draws and end ``position``; return the shapes written."""
+        shapes = block_shapes(block)
+        check_block(self.layout, self.chunk, self.segment, shapes, self.path)
+        arrays = _arrays(self.path, self.layout, self.run_id)
+        c0, d0 = self.chunk * self.layout.chains_per_task, self.segment * self.layout.draws_per_segment
+        for group in ("posterior", "sample_stats"):
+            for name, values in block[group].items():
+                arrays[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
+        position = block["position"]
+        arrays[f"{INTERNAL}/position"][c0:c0 + position.shape[0], self.segment] = position
+        return shapes
 
 
-def write_block(root: zarr.Group, layout: Layout, chunk: int, segment: int, block: dict,
-                arrays: dict | None = None) -> None:
-    """Write one block (``posterior``, ``sample_stats`` dicts and ``position``), then mark it done."""
-    arrays = arrays or block_arrays(root, layout)
-    c0 = chunk * layout.chains_per_task
-    d0 = segment * layout.draws_per_segment
-    for group in ("posterior", "sample_stats"):
-        for name, values in block[group].items():
-            arrays[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
-    position = block["position"]
-    arrays[f"{INTERNAL}/position"][c0:c0 + position.shape[0], segment] = position
-    arrays[f"{INTERNAL}/done"][chunk, segment] = 1
+_OPEN: dict[tuple[str, str], dict] = {}
+
+
+def _arrays(path: str, layout: Layout, run_id: str) -> dict:
+    """The store's block arrays, opened once per process and run (opening reads metadata from disk)."""
+    key = (path, run_id)
+    if key not in _OPEN:
+        root = zarr.open_group(path, mode="r+")
+        names = [f"{g}/{n}" for g, specs in layout.groups().items() for n in specs]
+        _OPEN.clear()  # one run at a time per worker process keeps no stale handles
+        _OPEN[key] = {name: root[name] for name in [*names, f"{INTERNAL}/position"]}
+    return _OPEN[key]
+
+
+def block_shapes(block: dict) -> dict:
+    """``{"posterior/x": (chains, draws, ...), ..., "position": (chains, dim)}`` of a block."""
+    shapes = {f"{g}/{k}": tuple(np.shape(v)) for g in ("posterior", "sample_stats") for k, v in block[g].items()}
+    return {**shapes, "position": tuple(np.shape(block["position"]))}
+
+
+def check_block(layout: Layout, chunk: int, segment: int, shapes: dict, where) -> None:
+    """Raise :class:`StoreError` unless a block's arrays have exactly the shapes its place in ``layout`` needs."""
+    chains = min(layout.chains_per_task, layout.chains - chunk * layout.chains_per_task)
+    draws = min(layout.draws_per_segment, layout.draws - segment * layout.draws_per_segment)
+    expected = {f"{g}/{k}": (chains, draws, *s.shape) for g, specs in layout.groups().items() for k, s in specs.items()}
+    got = {k: v for k, v in shapes.items() if k != "position"}
+    if got != expected or len(shapes.get("position", ())) != 2 or shapes["position"][0] != chains:
+        wrong = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k)) or ["position"]
+        raise StoreError(f"block (chunk {chunk}, segment {segment}) for {where} has the wrong shape for "
+                         f"{wrong[0]}: got {got.get(wrong[0], shapes.get('position'))}, expected "
+                         f"{expected.get(wrong[0], (chains, '...'))}; nothing of it was marked done")
+
+
+def mark_done(root: zarr.Group, chunk: int, segment: int) -> None:
+    """Mark a block done, after its draws and end positions are in the store."""
+    root[f"{INTERNAL}/done"][chunk, segment] = 1
 
 
 def blocks_done(root: zarr.Group) -> np.ndarray:

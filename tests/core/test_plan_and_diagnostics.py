@@ -7,6 +7,7 @@ import pytest
 
 from dhmc.diagnostics import nested_rhat
 from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment, warmup_rounds
+from dhmc.distributed.worker import chain_moments
 from dhmc.observe.convergence import RunningConvergence
 
 
@@ -41,8 +42,8 @@ def test_running_convergence_flags_disagreeing_chains():
     for seg in range(4):
         for chunk in range(4):
             x = rng.normal(size=(8, 50, 2))
-            ok.add(chunk, seg, {"x": x})
-            stuck.add(chunk, seg, {"x": x + (3.0 if chunk == 0 else 0.0)})
+            ok.add(chunk, seg, chain_moments({"x": x}))
+            stuck.add(chunk, seg, chain_moments({"x": x + (3.0 if chunk == 0 else 0.0)}))
     assert ok.report()["x[0]"]["rhat"] < 1.02
     assert stuck.report()["x[0]"]["rhat"] > 1.1
     assert 0 < ok.report()["x[1]"]["ess_bulk"] <= 32 * 200

@@ -11,8 +11,8 @@ import cloudpickle
 import jax.numpy as jnp
 import numpy as np
 
+from dhmc.core.ensemble import KernelConfig
 from dhmc.distributed import worker
-from dhmc.distributed.plan import RunSpec
 from dhmc.models import LogDensityTarget
 
 
@@ -36,8 +36,8 @@ def test_driver_compiled_executables_give_bitwise_the_same_draws(client2):
 
 def test_an_executable_for_another_backend_is_compiled_here_instead():
     target = LogDensityTarget(logdensity, {"x": jnp.zeros(3)}, name="t")
-    spec = RunSpec("t", 16, 10, 0, 5, "hmc", 0.3, 4, None, False, False, 0.8, 16, 10, False)
-    blob = worker.precompile(target.build(), spec.kernel_config, "sample", 10, 16, False)
+    config = KernelConfig(kind="hmc", num_steps=4, target_accept=0.8, dense_mass=False)
+    blob = worker.precompile(target.build(), config, "sample", 10, 16, False)
     backend, payload = cloudpickle.loads(blob)
     assert backend == "cpu"
     assert worker._load(cloudpickle.dumps(("not-" + backend, payload))) is None
@@ -91,8 +91,8 @@ def test_an_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
     import sys
 
     model = LogDensityTarget(_gp_logdensity, {"z": jnp.zeros(4)}, name="gp").build()
-    spec = RunSpec("gp", 16, 10, 0, 5, "hmc", 0.1, 3, None, False, True, 0.8, 16, 10, False)  # dense mass
-    (tmp_path / "exe.bin").write_bytes(worker.precompile(model, spec.kernel_config, "sample", 10, 16, True))
+    config = KernelConfig(kind="hmc", num_steps=3, target_accept=0.8, dense_mass=True)
+    (tmp_path / "exe.bin").write_bytes(worker.precompile(model, config, "sample", 10, 16, True))
     (tmp_path / "load.py").write_text(LOAD_IN_A_FRESH_PROCESS)
     run = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path / "exe.bin")],
                          capture_output=True, text=True, timeout=120)

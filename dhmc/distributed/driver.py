@@ -1,0 +1,121 @@
+"""One run, start to end: connect, open the sink, warm up (or load warmup), sample every remaining block.
+
+``dhmc.sample`` and ``dhmc.resume`` check their input and hand a :class:`RunContext` here::
+
+    api.sample -> RunContext -> drive: Startup.connect -> sink (memory | store) -> Runner.warmup
+               -> Runner.sample (workers run blocks, and write them to a store) -> DataTree
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dhmc.distributed.runner import Runner, initial_params
+from dhmc.distributed.spec import RunSpec
+from dhmc.distributed.startup import Startup, pickle_target
+from dhmc.models.base import FlatModel
+from dhmc.models.resolve import initial_positions
+from dhmc.storage import schema
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """Everything one run needs, checked by the API before any work is sent."""
+
+    spec: RunSpec
+    target: object  # picklable: what workers rebuild the model from
+    model: FlatModel
+    layout: schema.Layout
+    attrs: dict  # JSON-able attributes of the result (and of a store)
+    positions: np.ndarray | None = None  # start points; None: from the seed (a resume)
+    store: str | None = None
+    overwrite: bool = False
+    resume: bool = False  # continue the blocks already in ``store``
+    observers: tuple = field(default=())  # see Runner: told as blocks finish
+
+
+def drive(run: RunContext, startup: Startup):
+    """Run ``run`` on the cluster ``startup`` connects to; return its ``xarray.DataTree``."""
+    from distributed import span
+
+    client, close = startup.connect()
+    blob, token = pickle_target(run.target)
+    run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
+    runner = None
+    try:
+        root, sink = _open_sink(run, run_id)
+        runner = Runner(client, run.spec, blob, token, run.model.dtype, sink, run.observers, startup.executables,
+                        store=run.store, run_id=run_id)
+        runner.tell("start_run", client, run_id, run.spec.plan)
+        with span(f"dhmc-{run_id}") if span else nullcontext():
+            positions, params, history = _warmup(run, runner, root)
+            runner.sample(_start_positions(run, root, positions), params)
+        timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - startup.t0}
+        attrs = {**run.attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
+        if root is None:
+            return sink.tree(attrs)
+        from dhmc.storage import zarr_
+
+        for node in ("", "posterior", "sample_stats"):
+            (root[node] if node else root).attrs.update(attrs)
+        return zarr_.open_trace(run.store)
+    finally:
+        if runner is not None:
+            runner.tell("close")
+        close()
+
+
+def _open_sink(run: RunContext, run_id: str):
+    from dhmc.storage.sinks import MemorySink, StoreSink
+
+    if run.store is None:
+        extra = {"observed_data": run.model.observed_data} if run.model.observed_data else None
+        return None, MemorySink(run.layout, extra)
+    from dhmc.storage import zarr_
+
+    if run.resume:
+        root, _ = zarr_.open_store(run.store)
+    else:
+        root = zarr_.create_store(run.store, run.layout, run.model.dim, run.model.dtype, run.attrs,
+                                  run.model.observed_data, run.overwrite)
+    path = str(run.store) if "://" in str(run.store) else os.path.abspath(run.store)  # as workers will see it
+    return root, StoreSink(root, path, run.layout, run_id)
+
+
+def _warmup(run: RunContext, runner: Runner, root):
+    """Post-warmup positions, parameters and history: from the store when a resume finds them there."""
+    from dhmc.storage import zarr_
+
+    spec, model = run.spec, run.model
+    saved = zarr_.load_warmup(root, model.dtype) if run.resume else None
+    if saved is not None:
+        return (*saved, root.attrs.get("dhmc_warmup", []))
+    positions = run.positions
+    if positions is None:  # a resume before warmup finished starts again, deterministically
+        positions = initial_positions(model, spec.model, None, spec.seed, spec.chains)
+    params = initial_params(spec, model.dim, model.dtype)
+    positions, params, history = runner.warmup(positions, params) if spec.warmup else (positions, params, [])
+    if root is not None:
+        zarr_.save_warmup(root, positions, params, history)
+    return positions, params, history
+
+
+def _start_positions(run: RunContext, root, positions) -> dict:
+    """``{chunk: (segment, positions)}``: where each chunk's sampling continues."""
+    from dhmc.storage import zarr_
+
+    plan = run.spec.plan
+    done = zarr_.blocks_done(root) if run.resume else None
+    starts = {}
+    for c in range(plan.num_chunks):
+        chains = slice(plan.chunk(c).start, plan.chunk(c).stop)
+        seg = 0 if done is None else (plan.num_segments if done[c].all() else int(np.argmin(done[c])))
+        starts[c] = (seg, positions[chains] if seg == 0 else zarr_.segment_start_positions(root, seg, chains))
+    return starts

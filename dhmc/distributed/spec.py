@@ -1,0 +1,91 @@
+"""The run spec: every option that determines the draws, checked once, before any work is sent."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from dhmc.core.ensemble import KERNELS
+from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment
+from dhmc.storage import schema
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Everything that determines the draws (JSON-able; saved in the store to resume)."""
+
+    model: str
+    chains: int
+    draws: int
+    warmup: int
+    seed: int
+    kernel: str
+    step_size: float | None
+    num_steps: int | None
+    trajectory_length: float | None
+    adapt: bool
+    dense_mass: bool
+    target_accept: float
+    chains_per_task: int
+    draws_per_segment: int
+    x64: bool
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(self.chains, self.draws, self.warmup, self.chains_per_task, self.draws_per_segment)
+
+    @property
+    def kernel_config(self):
+        from dhmc.core.ensemble import KernelConfig
+
+        return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
+                            dense_mass=self.dense_mass)
+
+
+def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajectory_length, adapt,
+                  target_accept, chains_per_task) -> dict:
+    """The sampler options, checked and completed (one-line ``ValueError`` naming the problem)."""
+    _check_integer(1, chains=chains, draws=draws)
+    _check_integer(0, warmup=warmup)
+    if chains_per_task is not None:
+        _check_integer(1, chains_per_task=chains_per_task)
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+    if not 0.0 < target_accept < 1.0:
+        raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
+    if step_size is not None and not step_size > 0:
+        raise ValueError(f"step_size must be positive, got {step_size}")
+    if num_steps is not None and num_steps < 1:
+        raise ValueError(f"num_steps must be at least 1, got {num_steps}")
+    if kernel == "hmc" and num_steps is None and trajectory_length is None:
+        num_steps = 10
+    if warmup == 0 and adapt:
+        if step_size is None:
+            raise ValueError("warmup=0 leaves nothing to adapt: give warmup > 0, or adapt=False with step_size and "
+                             "num_steps (or trajectory_length)")
+        adapt = False
+    if not adapt and (step_size is None or (num_steps is None and trajectory_length is None)):
+        raise ValueError("adapt=False needs step_size and num_steps (or trajectory_length)")
+    return dict(chains=int(chains), draws=int(draws), warmup=int(warmup), kernel=kernel, step_size=step_size,
+                num_steps=num_steps, trajectory_length=trajectory_length, adapt=bool(adapt),
+                target_accept=float(target_accept))
+
+
+def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu: bool) -> schema.Layout:
+    """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
+    chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
+    shapes = jax.eval_shape(model.constrain_fn, jax.ShapeDtypeStruct((model.dim,), model.dtype))
+    variables = {k: (tuple(v.shape), v.dtype) for k, v in shapes.items()}
+    bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in variables.values()) + 4 * 8
+    dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw)
+    return schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims, model.coords)
+
+
+def _check_integer(low: int, **values) -> None:
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            kind = "a positive" if low == 1 else "a non-negative"
+            raise ValueError(f"{key} must be {kind} integer, got {value!r}")

@@ -1,0 +1,105 @@
+"""Start-up of one run: the target pickled for workers, the cluster connected, the block programs compiled.
+
+The embedded cluster starts, and the driver compiles the block programs, in background threads:
+both begin once the cheap checks pass and overlap with checking the log density.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import sysconfig
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import cloudpickle
+import jax
+
+from dhmc.distributed.spec import RunSpec
+
+
+class Startup:
+    """Connect to ``cluster`` (in the background for the embedded one) and precompile for its workers.
+
+    Other clusters are connected to when :meth:`connect` is called; their workers compile for themselves.
+    """
+
+    def __init__(self, spec: RunSpec, model, cluster, options):
+        self.t0 = time.perf_counter()
+        self.cluster, self.options, self.seconds = cluster, options, 0.0
+        embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
+        self.executables = precompile(spec, model) if embedded else None
+        self._pending = in_thread(_connect, cluster, options) if embedded else None
+
+    def connect(self):
+        """``(client, close)``, waiting for a cluster being started."""
+        connected = self._pending.result() if self._pending else _connect(self.cluster, self.options)
+        self.seconds = time.perf_counter() - self.t0
+        return connected
+
+    def abandon(self) -> None:
+        """Close, in the background, a cluster started for a call that failed before using it."""
+        if self._pending is not None:
+            pending = self._pending
+            in_thread(lambda: pending.result()[1]())
+
+
+def _connect(cluster, options):
+    from dhmc.distributed.clusters import connect  # imports distributed
+
+    return connect(cluster, options)
+
+
+def in_thread(fn, *args) -> Future:
+    """``fn(*args)`` in a thread of its own; the pool does not outlive the call."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def pickle_target(target) -> tuple[bytes, str]:
+    """The target pickled for workers, and its hash; the user's own modules go by value.
+
+    Workers may not be able to import a module that lives beside the user's script, so every
+    module outside the installed libraries that defines the target's functions is pickled by value.
+    """
+    library = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], sys.prefix + "/lib")
+    modules = []
+    for fn in (getattr(target, "logdensity_fn", None), getattr(target, "model", None),
+               getattr(getattr(target, "target", None), "logdensity_fn", None),
+               getattr(getattr(target, "target", None), "model", None)):
+        name = getattr(fn, "__module__", None)
+        module = sys.modules.get(name) if name else None
+        path = getattr(module, "__file__", None) or ""
+        if module and name != "__main__" and not name.startswith("dhmc") and not path.startswith(library):
+            modules.append(module)
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        blob = cloudpickle.dumps(target)
+    finally:
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)
+    return blob, hashlib.sha1(blob).hexdigest()
+
+
+def precompile(spec: RunSpec, model) -> dict:
+    """Compile the run's block programs in a background thread, while the cluster starts.
+
+    Only for workers that share this machine and backend (the embedded cluster): one compile here
+    replaces one per worker, and overlaps with starting them. Returns ``{phase: Future of bytes}``.
+    """
+    from dhmc.distributed.worker import precompile as compile_block
+
+    def compile_in_this_thread(*args):
+        with jax.enable_x64(spec.x64):  # the caller's x64 may be a context of its own thread
+            return compile_block(*args)
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-compile")
+    phases = {"warmup": max(1, spec.warmup)} if spec.warmup else {}
+    phases["sample"] = spec.draws_per_segment
+    futures = {phase: pool.submit(compile_in_this_thread, model, spec.kernel_config, phase, n, spec.chains_per_task,
+                                  spec.dense_mass) for phase, n in phases.items()}
+    pool.shutdown(wait=False)
+    return futures

@@ -1,0 +1,81 @@
+"""A user's target (a log density, a NumPyro model, a built-in name) as a flat model, and checked start points."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dhmc.core.ensemble import initial_positions as jittered_positions
+from dhmc.models.base import TRACING, FlatModel
+from dhmc.models.examples import example
+from dhmc.models.logdensity import LogDensityTarget
+from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model
+
+__all__ = ["resolve_target", "initial_positions", "evaluate"]
+
+
+def resolve_target(target, init, chains, model_args, model_kwargs):
+    """Return ``(target object, name for the run spec, batched flat init or None)``."""
+    if isinstance(target, str):
+        return example(target), target, None
+    if isinstance(target, LogDensityTarget | NumPyroTarget) or hasattr(target, "build"):
+        return target, getattr(target, "name", "") or f"python:{type(target).__name__}", None
+    if not callable(target):
+        raise TypeError(f"target must be a log-density function, a NumPyro model or a model name, got "
+                        f"{type(target).__name__}")
+    name = f"python:{getattr(target, '__qualname__', repr(target))}"
+    if is_numpyro_model(target, init, model_args, model_kwargs):
+        return NumPyroTarget(target, tuple(model_args), dict(model_kwargs or {}), name=name), name, None
+    leaves = jax.tree.leaves(init)
+    if not leaves:
+        raise ValueError("init must be a pytree of arrays (one chain's position) for a log-density target")
+    firsts = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
+    if len(firsts) == 1 and None not in firsts:
+        (lead,) = firsts
+        if lead == chains:
+            one = jax.tree.map(lambda a: np.asarray(a)[0], init)
+            return LogDensityTarget(target, one, name=name), name, init
+        if all(np.ndim(leaf) >= 2 for leaf in leaves):
+            raise ValueError(f"init has a leading axis of {lead} on every leaf but chains={chains}: give one "
+                             f"chain's position or one with a leading axis of length {chains}")
+    return LogDensityTarget(target, init, name=name), name, None
+
+
+def initial_positions(model: FlatModel, name, batched, seed, chains) -> np.ndarray:
+    """Distinct starting points per chain, checked for a finite log density before any work is sent."""
+    from jax.flatten_util import ravel_pytree
+
+    if batched is not None:
+        positions = np.stack([np.asarray(ravel_pytree(jax.tree.map(lambda a, i=i: jnp.asarray(a)[i], batched))[0],
+                                         model.dtype) for i in range(chains)])
+    else:
+        positions = np.array(jittered_positions(seed, jnp.arange(chains, dtype=jnp.uint32),
+                                               jnp.asarray(model.centre, model.dtype), model.radius))
+    logdensity = evaluate(model, name, positions)
+    bad = ~np.isfinite(logdensity)
+    if bad.any() and batched is None:
+        positions[bad] = model.centre
+        logdensity = evaluate(model, name, positions)
+        bad = ~np.isfinite(logdensity)
+    if bad.any():
+        where = "at the initial point" if batched is None else f"at {int(bad.sum())} of the initial points"
+        raise ValueError(f"the log density of {name!r} is not finite {where} (got {logdensity[bad][0]}); "
+                         "give an init where it is finite")
+    return positions
+
+
+def evaluate(model: FlatModel, name, positions) -> np.ndarray:
+    try:
+        with TRACING:
+            evaluate = jax.jit(jax.vmap(model.logdensity_fn)).lower(jnp.asarray(positions))
+        values = evaluate.compile()(jnp.asarray(positions))
+    except Exception as e:  # noqa: BLE001 - the user's function failed: say which and on what
+        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise ValueError(f"the log density {name!r} failed on one chain's position (flat size {model.dim}): "
+                         f"{type(e).__name__}: {msg}") from None
+    values = np.asarray(values)
+    if values.shape != (positions.shape[0],):
+        raise ValueError(f"the log density {name!r} must return a scalar per position, got shape "
+                         f"{values.shape[1:]}")
+    return values

@@ -1,0 +1,86 @@
+"""Where a run's blocks go: NumPy arrays in the driver, or a Zarr store the workers write into.
+
+Both sinks have one small interface, used by the driver for every finished sampling block:
+
+* ``destination(chunk, segment)``: what the worker is told to do with its draws (None: send them back);
+* ``write(chunk, segment, result)``: take a finished block's result (draws, or the shapes the worker wrote);
+* ``close()``: called once, when sampling ends or is interrupted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dhmc.storage import schema
+
+if TYPE_CHECKING:
+    import xarray as xr
+    import zarr
+
+
+class MemorySink:
+    """Blocks copied into NumPy arrays, which a DataTree wraps without copying.
+
+    The tree is built in a thread while the run goes on (its first build imports half of xarray's
+    optional dependencies, ~0.5 s here), and gets its attributes at the end.
+    """
+
+    def __init__(self, layout: schema.Layout, extra_groups: dict | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.layout = layout
+        self.arrays = {
+            group: {name: np.full((layout.chains, layout.draws, *s.shape), schema.fill_value(s.dtype), s.dtype)
+                    for name, s in specs.items()}
+            for group, specs in layout.groups().items()
+        }
+        pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-assemble")
+        self._tree = pool.submit(schema.to_datatree, layout, self.arrays, {}, extra_groups)
+        pool.shutdown(wait=False)
+
+    def destination(self, chunk: int, segment: int) -> None:
+        return None
+
+    def write(self, chunk: int, segment: int, result: dict) -> None:
+        c0 = chunk * self.layout.chains_per_task
+        d0 = segment * self.layout.draws_per_segment
+        for group, values in self.arrays.items():
+            for name, array in values.items():
+                v = result[group][name]
+                array[c0:c0 + v.shape[0], d0:d0 + v.shape[1]] = v
+
+    def close(self) -> None:
+        pass
+
+    def tree(self, attrs: dict) -> xr.DataTree:
+        tree = self._tree.result()
+        for node in tree.subtree:
+            node.attrs.update(attrs)
+        return tree
+
+
+class StoreSink:
+    """Blocks written by the workers that ran them; the driver checks each one and marks it done.
+
+    Each chunk's segments are marked in order, so the store always holds a done prefix of every
+    chunk: what a resume continues from. The driver never holds a block's draws.
+    """
+
+    def __init__(self, root: zarr.Group, path: str, layout: schema.Layout, run_id: str):
+        self.root, self.path, self.layout, self.run_id = root, path, layout, run_id
+
+    def destination(self, chunk: int, segment: int):
+        from dhmc.storage.zarr_ import BlockDestination
+
+        return BlockDestination(self.path, self.layout, chunk, segment, self.run_id)
+
+    def write(self, chunk: int, segment: int, result: dict) -> None:
+        from dhmc.storage.zarr_ import check_block, mark_done
+
+        check_block(self.layout, chunk, segment, result["written"], self.path)
+        mark_done(self.root, chunk, segment)
+
+    def close(self) -> None:
+        pass
