@@ -152,7 +152,7 @@ def _models(args) -> int:
 
 
 def _scale(args) -> int:
-    from dhmc.observe.scaling import run_study
+    from dhmc.scaling import run_study
 
     ints = lambda text: [int(v) for v in str(text).split(",")] if text else None
     chains = ints(args.chains)

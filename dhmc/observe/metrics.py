@@ -22,10 +22,11 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dhmc.observe.dashboard import DhmcSchedulerPlugin
+
 logger = logging.getLogger(__name__)
 
 WORKER_PLUGIN_NAME = "dhmc-observe-worker"
-SCHEDULER_PLUGIN_NAME = "dhmc-observe-scheduler"
 
 #: Blocks that ended within this many seconds feed the throughput estimate.
 RATE_WINDOW_S = 10.0
@@ -149,8 +150,13 @@ _collector_registered = False
 _collector_lock = threading.Lock()
 
 
+def worker_stats(worker: Any) -> BlockStats | None:
+    """The stats of ``worker`` in this process, None where it has recorded nothing."""
+    return _stats.get(worker)
+
+
 def _metric(key: str, worker: Any) -> Any:
-    stats = _stats.get(worker)
+    stats = worker_stats(worker)
     return stats.snapshot()[key] if stats is not None else None
 
 
@@ -319,8 +325,6 @@ def install(client: Any) -> Any:
     ----------
     client : distributed.Client
     """
-    from dhmc.observe.dashboard import DhmcSchedulerPlugin
-
     key = (str(getattr(client, "id", id(client))), str(getattr(client.scheduler, "address", "")))
     plugins = (DhmcWorkerPlugin(), DhmcSchedulerPlugin())
 

@@ -1,4 +1,4 @@
-"""PNG plots of scaling studies (the records ``dhmc.observe.scaling.run_study`` writes to ``scaling.json``).
+"""PNG plots of scaling studies (the records ``dhmc.scaling.run_study`` writes to ``scaling.json``).
 
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot state, no display needed). Several
 workloads (models, or several studies) share one plot, each normalised to its own smallest-worker time.

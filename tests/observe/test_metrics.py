@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from dhmc.observe.dashboard import PROGRESS_TOPIC, _http_prefix, _route_patterns, add_routes, publish_progress
+from dhmc.observe.dashboard import (
+    PROGRESS_TOPIC,
+    SCHEDULER_PLUGIN_NAME,
+    _http_prefix,
+    _route_patterns,
+    add_routes,
+    publish_progress,
+)
 from dhmc.observe.metrics import (
     METRIC_KEYS,
     RATE_FADE_S,
     RATE_HOLD_S,
-    SCHEDULER_PLUGIN_NAME,
     WORKER_PLUGIN_NAME,
     BlockStats,
     install,

@@ -1,18 +1,23 @@
-"""Scaling studies: a small real study on the embedded cluster, the JSON schema, the plots.
+"""Scaling studies (``dhmc.scaling``): a small real study on the embedded cluster, the JSON schema, the plots.
 
 No assertions on speedups: the machine is shared and noisy; only that timings exist and are positive.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from dhmc.observe import plots, scaling
+from dhmc import scaling
+from dhmc.observe import plots
+from dhmc.scaling.clusters import Clusters
+from dhmc.scaling.report import derive
 
 RUN_KEYS = {"workers", "chains", "draws", "seconds", "seconds_min", "seconds_max", "chain_draws_per_s", "speedup",
             "efficiency"}
@@ -115,7 +120,7 @@ def test_restart_between_points_outlasts_the_lost_worker_timeout():
 
     with dask.config.set({"distributed.deploy.lost-worker-timeout": "0.05s"}), \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                         dashboard_address="127.0.0.1:0") as cluster, scaling._Clusters(cluster, None, [1]) as clusters:
+                         dashboard_address="127.0.0.1:0") as cluster, Clusters(cluster, None) as clusters:
         before = set(cluster.scheduler_info["workers"])
         client = clusters.get(1)
         assert len(client.scheduler_info()["workers"]) == 1
@@ -160,7 +165,7 @@ def _synthetic(kind: str) -> dict:
                          "speedup": None, "efficiency": None})
     study = {"kind": kind, "model": "gaussian_2d,coin_toss", "runs": runs, "machine": {"cores_available": 4},
              "settings": {"draws": 400, "repeat": 3}, "cluster": None}
-    scaling._derive(kind, runs)
+    derive(kind, runs)
     return study
 
 
@@ -190,7 +195,7 @@ def test_faster_than_linear_is_marked_suspect(tmp_path, kind):
     for key in ("seconds", "seconds_min", "seconds_max"):
         two[key] /= 2.3 / 1.8  # 2.3x on 2 workers instead of 1.8x (efficiency 0.9)
     two["chain_draws_per_s"] = two["chains"] * 400 / two["seconds"]
-    scaling._derive(kind, study["runs"])
+    derive(kind, study["runs"])
     assert two["speedup"] == pytest.approx(2.3)
     assert two["suspect"] == "superlinear"
     assert "more than 2x" in two["suspect_detail"] and "slower while the baseline ran" in two["suspect_detail"]
@@ -206,12 +211,12 @@ def test_unequal_work_is_marked_suspect(kind):
     runs = [r for r in study["runs"] if r["model"] == "coin_toss"]
     for r in runs:
         r.update(grad_evals=r["chains"] * 400 * 10, blocks=r["chains"] // 8)
-    scaling._derive(kind, study["runs"])
+    derive(kind, study["runs"])
     assert all(r["suspect"] is None for r in study["runs"])  # strong: the same work; weak: in proportion
     four = next(r for r in runs if r["workers"] == 4)
     four["grad_evals"] += 1
     four["blocks"] += 1
-    scaling._derive(kind, study["runs"])
+    derive(kind, study["runs"])
     assert four["suspect"] == "unequal work"
     assert "gradient evaluations" in four["suspect_detail"] and "blocks" in four["suspect_detail"]
     assert all(r["suspect"] is None for r in study["runs"] if r is not four)
@@ -226,6 +231,19 @@ def test_machine_info_and_no_jax_at_import():
     info = scaling.machine_info()
     assert {"cpu_count", "cpu_model", "platform", "versions", "cores_available"} <= set(info)
     assert "dask" in info["versions"] and "jax" in info["versions"]
-    code = ("import sys, dhmc.observe.scaling, dhmc.observe.plots; "
+    code = ("import sys, dhmc.scaling, dhmc.observe.plots; "
             "bad = [m for m in ('jax', 'matplotlib', 'dhmc.api') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_observe_imports_no_layer_above_it():
+    """``dhmc.observe`` sits below the API and the scaling studies: none of its modules imports them."""
+    import dhmc.observe
+
+    above = ("dhmc.api", "dhmc.scaling", "dhmc.cli")
+    for path in Path(dhmc.observe.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad = [n for n in names if n.startswith(above)]
+            assert not bad, f"{path.name} imports {bad}"
