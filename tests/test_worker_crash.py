@@ -138,8 +138,12 @@ def test_the_command_line_exits_1_with_the_whole_crash_message(monkeypatch, caps
     assert err.startswith("dhmc: error: a sample block") and "SIGSEGV" in err and "Fatal Python error" in err
 
 
-def plain_logdensity(p):
-    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2)
+def _slowly(x):
+    time.sleep(0.002)  # a few seconds per block: the workers are killed while blocks remain
+
+
+def slow_logdensity(p):
+    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + _with_callback(_slowly, p["x"])
 
 
 def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_path):
@@ -147,12 +151,12 @@ def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_pat
     import psutil
 
     kw = dict(KW, cluster_options={"max_restarts": 0})
-    dhmc.sample(plain_logdensity, store=tmp_path / "ref.zarr", **KW)
+    dhmc.sample(slow_logdensity, store=tmp_path / "ref.zarr", **KW)
     store, outcome = tmp_path / "lost.zarr", {}
 
     def run():
         try:
-            dhmc.sample(plain_logdensity, store=store, **kw)
+            dhmc.sample(slow_logdensity, store=store, **kw)
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             outcome["error"], outcome["at"] = e, time.monotonic()
 
@@ -174,5 +178,45 @@ def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_pat
     assert outcome["at"] - killed < 30 and f"dhmc resume {store}" in str(error)
     total = zarr.open_group(str(store), mode="r")["dhmc/done"].size
     assert _done(store) < total
-    dhmc.resume(store, target=plain_logdensity, init=KW["init"], progress=False)
+    dhmc.resume(store, target=slow_logdensity, init=KW["init"], progress=False)
+    assert _same(tmp_path / "ref.zarr", store)
+
+
+def _stuck_if_marked(x):
+    while os.getpid() != DRIVER and os.path.exists(MARKER):
+        time.sleep(0.1)
+
+
+def stuck_logdensity(p):
+    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + _with_callback(_stuck_if_marked, p["x"])
+
+
+def test_a_stuck_block_ends_the_run_after_the_block_timeout_and_the_store_resumes(tmp_path, marker):
+    import dask
+
+    dhmc.sample(stuck_logdensity, store=tmp_path / "ref.zarr", **KW)
+    store, outcome = tmp_path / "stuck.zarr", {}
+
+    def run():
+        try:
+            dhmc.sample(stuck_logdensity, store=store, **KW)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome["error"], outcome["at"] = e, time.monotonic()
+
+    with dask.config.set({"dhmc.block-timeout": "4s"}):
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while _done(store) < 2 and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.05)
+        open(marker, "w").close()
+        stuck = time.monotonic()
+        thread.join(120)
+    assert not thread.is_alive(), "the run hangs on a stuck block"
+    error = outcome.get("error")
+    assert isinstance(error, dhmc.BlockTimeoutError), repr(error)
+    assert outcome["at"] - stuck < 30
+    assert "dhmc.block-timeout" in str(error) and f"dhmc resume {store}" in str(error)
+    os.remove(marker)
+    dhmc.resume(store, target=stuck_logdensity, init=KW["init"], progress=False)
     assert _same(tmp_path / "ref.zarr", store)

@@ -5,12 +5,10 @@ No assertions on speedups: the machine is shared and noisy; only that timings ex
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -234,16 +232,3 @@ def test_machine_info_and_no_jax_at_import():
     code = ("import sys, dhmc.scaling, dhmc.observe.plots; "
             "bad = [m for m in ('jax', 'matplotlib', 'dhmc.api') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_observe_imports_no_layer_above_it():
-    """``dhmc.observe`` sits below the API and the scaling studies: none of its modules imports them."""
-    import dhmc.observe
-
-    above = ("dhmc.api", "dhmc.scaling", "dhmc.cli")
-    for path in Path(dhmc.observe.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            bad = [n for n in names if n.startswith(above)]
-            assert not bad, f"{path.name} imports {bad}"
