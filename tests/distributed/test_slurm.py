@@ -8,11 +8,15 @@ Slurm on 127.0.0.1 from ``deploy/local-slurm/up.sh`` (stop it with ``down.sh``):
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
+import numpy as np
 import pytest
 
 dask_jobqueue = pytest.importorskip("dask_jobqueue")
@@ -174,3 +178,198 @@ def test_dhmc_sample_runs_its_blocks_in_slurm_jobs(local_slurm, tmp_path):
 def _running_job_names() -> set[str]:
     out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=10)
     return {line.split()[0] for line in out.stdout.splitlines() if line.endswith("RUNNING")}
+
+
+# --- jobs lost to scancel, walltime or preemption ---------------------------------------------
+# The runs' workers stall (in a callback that adds zeros to the log density) while HOLD exists, so a job
+# can be cancelled and replaced before the run ends on any machine, fast or loaded, with the draws unchanged.
+
+DRIVER = os.getpid()  # shipped by value: workers compare their pid with the driver's
+HOLD = os.path.join(tempfile.gettempdir(), f"dhmc-test-slurm-hold-{DRIVER}")
+
+
+def _stall_while_held(x):
+    while os.getpid() != DRIVER and os.path.exists(HOLD):
+        time.sleep(0.05)
+    return np.zeros(x.shape[:-1], x.dtype)
+
+
+def held_gaussian(p):
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.lax.stop_gradient(p["x"])
+    zeros = jax.pure_callback(_stall_while_held, jax.ShapeDtypeStruct((), x.dtype), x, vmap_method="broadcast_all")
+    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + jax.lax.stop_gradient(zeros)
+
+
+@pytest.fixture
+def hold():
+    """Create HOLD to stall the workers, remove it to let them go on; removed after the test."""
+    try:
+        yield HOLD
+    finally:
+        if os.path.exists(HOLD):
+            os.remove(HOLD)
+
+
+def _job_states(name: str) -> dict[str, str]:
+    """``{job id: state}`` of the jobs named ``name`` (ended ones too, while Slurm remembers them)."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %T", "-n", name], capture_output=True, text=True,
+                         timeout=30).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def _blocks_done(path) -> int:
+    import zarr
+
+    try:
+        return int(zarr.open_group(str(path), mode="r")["dhmc/done"][...].sum())
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+def _sample_in_thread(store, job_name, tmp_path, outcome, **cluster_options):
+    """``dhmc.sample`` of held_gaussian on 2 Slurm jobs named ``job_name``, in a thread; its end lands in
+    ``outcome`` (``"at"``: when, ``"error"``: what it raised)."""
+    import jax.numpy as jnp
+
+    import dhmc
+
+    opts = {"job_name": job_name, "log_directory": str(tmp_path / "logs"),
+            "local_directory": str(tmp_path / "space"), **cluster_options}
+
+    def run():
+        try:
+            dhmc.sample(held_gaussian, init={"x": jnp.zeros(2)}, chains=32, chains_per_task=16, draws=3200,
+                        warmup=100, seed=4, progress=False, cluster="slurm", store=store, cluster_options=opts)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = e
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _hold_and_scancel(store, job_name, thread, jobs=1) -> tuple[list[str], list[str]]:
+    """Once a block is in the store, stall the workers and scancel ``jobs`` of the run's running jobs.
+
+    Returns the ids of the jobs cancelled and of all the run's jobs at that time.
+    """
+    deadline = time.monotonic() + 180
+    while _blocks_done(store) < 1 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    open(HOLD, "w").close()
+    running = sorted(i for i, state in _job_states(job_name).items() if state == "RUNNING")
+    assert thread.is_alive() and len(running) >= jobs, (running, _blocks_done(store))
+    subprocess.run(["scancel", *running[:jobs]], check=True, timeout=30)
+    return running[:jobs], sorted(_job_states(job_name))
+
+
+def _wait_for_new_job(job_name, before, thread, timeout=90) -> float:
+    """Seconds until a job not in ``before`` is RUNNING."""
+    start = time.monotonic()
+    while thread.is_alive() and time.monotonic() < start + timeout:
+        if any(job not in before and state == "RUNNING" for job, state in _job_states(job_name).items()):
+            return time.monotonic() - start
+        time.sleep(0.25)
+    pytest.fail(f"no job replaced a cancelled one within {timeout} s: {before} -> {_job_states(job_name)}")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_cancelled_job_is_replaced_and_the_draws_are_bitwise_unchanged(local_slurm, tmp_path, hold):
+    import uuid
+
+    import xarray as xr
+
+    tag, outcome = uuid.uuid4().hex[:8], {}
+    _sample_in_thread(tmp_path / "ref.zarr", f"dhmc-ref-{tag}", tmp_path, outcome).join(300)
+    assert "at" in outcome and "error" not in outcome, outcome
+
+    # distributed's default lost-worker-timeout (15 s) passes before the cluster gives up on the job
+    name, store, outcome = f"dhmc-hit-{tag}", tmp_path / "hit.zarr", {}
+    thread = _sample_in_thread(store, name, tmp_path, outcome)
+    cancelled, before = _hold_and_scancel(store, name, thread)
+    seconds = _wait_for_new_job(name, before, thread)
+    print(f"job {cancelled[0]} cancelled; a new job RUNNING {seconds:.1f} s later")
+    os.remove(hold)
+    thread.join(240)
+    assert not thread.is_alive(), "the run hangs after one of its jobs was cancelled"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert len(set(_job_states(name)) - set(before)) == 1, (before, _job_states(name))
+
+    ref, hit = (xr.open_datatree(p, engine="zarr", consolidated=False) for p in (tmp_path / "ref.zarr", store))
+    for group in ("posterior", "sample_stats"):
+        for var in ref[group].data_vars:
+            assert np.array_equal(ref[group][var].values, hit[group][var].values), (group, var)
+
+
+@pytest.mark.slurm
+def test_lost_jobs_are_not_replaced_past_the_budget_and_the_run_ends(local_slurm, tmp_path, hold):
+    import uuid
+
+    import dask
+
+    import dhmc
+
+    name, store, outcome = f"dhmc-budget-{uuid.uuid4().hex[:8]}", tmp_path / "lost.zarr", {}
+    limits = {"distributed.deploy.lost-worker-timeout": "2s", "dhmc.no-workers-timeout": "5s"}
+    with dask.config.set(limits):
+        thread = _sample_in_thread(store, name, tmp_path, outcome, job_replacements=1)
+        _, before = _hold_and_scancel(store, name, thread)
+        _wait_for_new_job(name, before, thread)
+        rest = sorted(job for job, state in _job_states(name).items() if state in ("RUNNING", "PENDING"))
+        subprocess.run(["scancel", *rest], check=True, timeout=30)
+        killed = time.monotonic()
+        thread.join(120)
+        after = _job_states(name)
+    assert not thread.is_alive(), "the run hangs once its job replacements are spent"
+    assert isinstance(outcome.get("error"), dhmc.NoWorkersError), repr(outcome.get("error"))
+    assert outcome["at"] - killed < 45 and f"dhmc resume {store}" in str(outcome["error"])
+    assert len(set(after) - set(before)) == 1, f"a job beyond the budget was submitted: {before} -> {after}"
+
+
+def test_job_replacer_replaces_lost_jobs_until_its_budget_is_spent():
+    """Without Slurm: the bookkeeping of JobReplacer.check on a stand-in for SLURMCluster."""
+    from types import SimpleNamespace
+
+    from dhmc.distributed.clusters import JobReplacer
+
+    submitted = iter(range(100, 200))
+
+    class Cluster:
+        def __init__(self):
+            self.worker_spec = {"a": {}, "b": {}}
+            self.workers = {}
+
+        def scale(self, jobs):
+            assert jobs == len(self.worker_spec)
+            for name in set(self.worker_spec) - set(self.workers):
+                self.workers[name] = SimpleNamespace(job_id=str(next(submitted)))
+
+    cluster = Cluster()
+    replacer = JobReplacer(cluster, budget=2)
+    replacer.check()  # jobs not submitted yet are not lost
+    assert replacer.left == 2 and not cluster.workers
+    cluster.scale(2)
+    a, b = cluster.workers["a"].job_id, cluster.workers["b"].job_id
+    replacer.check()
+    assert replacer.left == 2 and replacer.replaced == []
+
+    del cluster.workers["a"]  # what SpecCluster does lost-worker-timeout after the worker left
+    replacer.check()
+    assert replacer.replaced == [a] and replacer.left == 1 and cluster.workers["a"].job_id not in (a, b)
+    replacer.check()  # the new job counts once
+    assert replacer.left == 1
+
+    lost = {cluster.workers.pop("a").job_id, cluster.workers.pop("b").job_id}
+    replacer.check()  # one replacement left for two lost jobs: one is replaced, the other dropped
+    assert replacer.replaced[0] == a and replacer.replaced[1] in lost and replacer.left == 0
+    assert len(cluster.worker_spec) == 1 and set(cluster.workers) == set(cluster.worker_spec)
+
+    replacer.check()  # sees the new job
+    cluster.workers.clear()
+    replacer.check()
+    assert cluster.worker_spec == {} and cluster.workers == {} and replacer.left == 0
