@@ -12,10 +12,10 @@ __version__ = "0.1.0"
 
 _LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",
          "diagnostics": "dhmc.diagnostics", "WorkerCrashError": "dhmc.errors",
-         "NoWorkersError": "dhmc.errors"}
+         "NoWorkersError": "dhmc.errors", "StoreLockedError": "dhmc.errors"}
 
 __all__ = ["sample", "resume", "open_trace", "models", "diagnostics", "WorkerCrashError", "NoWorkersError",
-           "__version__"]
+           "StoreLockedError", "__version__"]
 
 
 def __getattr__(name: str):

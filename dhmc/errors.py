@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["NoWorkersError", "WorkerCrashError"]
+__all__ = ["NoWorkersError", "StoreLockedError", "WorkerCrashError"]
 
 
 class WorkerCrashError(RuntimeError):
@@ -19,4 +19,13 @@ class NoWorkersError(RuntimeError):
 
     Workers lost for good (a Slurm walltime, embedded workers out of restarts) end the run with this
     error instead of a wait without end; the store keeps every finished block for ``dhmc resume``.
+    """
+
+
+class StoreLockedError(RuntimeError):
+    """Another run, alive, holds the store's lock: two runs never write one store.
+
+    The message names the store, the holder's host, pid and start time, and the lock file to
+    delete if that process is gone (dhmc cannot tell for a process on another host). A lock left by
+    a dead process on this host is taken over without this error.
     """
