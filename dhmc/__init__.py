@@ -12,10 +12,11 @@ __version__ = "0.1.0"
 
 _LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",
          "diagnostics": "dhmc.diagnostics", "WorkerCrashError": "dhmc.errors",
-         "NoWorkersError": "dhmc.errors", "BlockTimeoutError": "dhmc.errors"}
+         "NoWorkersError": "dhmc.errors", "BlockTimeoutError": "dhmc.errors", "StoreLockedError": "dhmc.errors",
+         "ModelMismatchError": "dhmc.errors"}
 
 __all__ = ["sample", "resume", "open_trace", "models", "diagnostics", "WorkerCrashError", "NoWorkersError",
-           "BlockTimeoutError", "__version__"]
+           "BlockTimeoutError", "StoreLockedError", "ModelMismatchError", "__version__"]
 
 
 def __getattr__(name: str):

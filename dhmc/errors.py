@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BlockTimeoutError", "NoWorkersError", "WorkerCrashError"]
+__all__ = ["BlockTimeoutError", "ModelMismatchError", "NoWorkersError", "StoreLockedError", "WorkerCrashError"]
 
 
 class WorkerCrashError(RuntimeError):
@@ -26,4 +26,20 @@ class BlockTimeoutError(RuntimeError):
     """No block finished for ``dhmc.block-timeout`` while blocks were running: a stuck worker or device.
 
     The run ends instead of waiting without end; the store keeps every finished block for ``dhmc resume``.
+    """
+
+
+class StoreLockedError(RuntimeError):
+    """Another run, alive, holds the store's lock: two runs never write one store.
+
+    The message names the store, the holder's host, pid and start time, and the lock file to
+    delete if that process is gone (dhmc cannot tell for a process on another host). A lock left by
+    a dead process on this host is taken over without this error.
+    """
+
+
+class ModelMismatchError(ValueError):
+    """``resume`` was given another model or data, or runs another dhmc or JAX version, than the store's run.
+
+    Continuing would mix draws of two different runs in one store; ``force=True`` (``--force``) does it anyway.
     """

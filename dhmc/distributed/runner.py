@@ -180,7 +180,8 @@ class Runner:
 
         waited = f" for {timeout:g} s" if timeout else ""
         lines = [f"the cluster had no worker{waited} while blocks of model {self.spec.model!r} "
-                 f"waited to run (lost jobs, or workers out of restarts){self._hint()}"]
+                 f"waited to run (jobs lost beyond dhmc.cluster.slurm.job-replacements, or workers out of "
+                 f"restarts){self._hint()}"]
         deaths = self._deaths() if self._deaths else []
         if deaths:
             lines.append(f"{len(deaths)} worker process(es) ended; the last, {deaths[-1].worker}, "

@@ -17,6 +17,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from dhmc.storage.lock import check_free
 from dhmc.storage.schema import Layout, VariableSpec, fill_value
 
 INTERNAL = "dhmc"
@@ -27,16 +28,41 @@ class StoreError(ValueError):
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse an existing store (unless ``overwrite``) or a parent folder we cannot write."""
+    """Check that a new store may be written at ``path``, before any work starts.
+
+    Raises
+    ------
+    StoreLockedError
+        A live run (not this process) holds the store's lock.
+    FileExistsError
+        ``path`` exists and ``overwrite`` is false.
+    StoreError
+        ``overwrite`` is true but ``path`` is a file, or a non-empty folder that is not a dhmc store.
+    PermissionError
+        The store's parent folder is not writable.
+    """
     path = Path(path)
+    check_free(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it")
+    if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_dhmc_store(path))):
+        raise StoreError(f"{path} exists and is not a dhmc store; refusing to overwrite it: remove it yourself or "
+                         "choose another path")
     parent = path.absolute().parent
     while not parent.exists():
         parent = parent.parent
     # A folder without write bits counts as read-only even for root, who could write it anyway.
     if not os.access(parent, os.W_OK | os.X_OK) or not parent.stat().st_mode & 0o222:
         raise PermissionError(f"cannot write the store {path}: {parent} is not writable")
+
+
+def is_dhmc_store(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a Zarr group written by dhmc (its root attrs say ``inference_library="dhmc"``)."""
+    try:
+        attrs = zarr.open_group(str(path), mode="r").attrs
+        return attrs.get("inference_library") == "dhmc"
+    except Exception:  # noqa: BLE001 - anything zarr cannot open as a group is not a dhmc store
+        return False
 
 
 def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, observed: dict | None = None,
