@@ -17,6 +17,7 @@ import jax
 from dhmc.distributed.driver import RunContext, drive
 from dhmc.distributed.spec import RunSpec, check_options, layout_for
 from dhmc.distributed.startup import Startup
+from dhmc.models.fingerprint import fingerprint, versions
 from dhmc.models.resolve import initial_positions, resolve_target
 
 if TYPE_CHECKING:
@@ -105,17 +106,19 @@ def sample(
     except BaseException:
         startup.abandon()
         raise
-    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=_attrs(spec), positions=positions,
-                     store=store, overwrite=overwrite, observers=_observers(progress))
+    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=_attrs(spec, model),
+                     positions=positions, store=store, overwrite=overwrite, observers=_observers(progress))
     return drive(run, startup)
 
 
 def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = (), model_kwargs: dict | None = None,
-           progress: bool = True, cluster_options: dict | None = None) -> xr.DataTree:
+           progress: bool = True, cluster_options: dict | None = None, force: bool = False) -> xr.DataTree:
     """Continue an interrupted run from the blocks already in its store.
 
     The result is bitwise identical to an uninterrupted run. A built-in model is found by its name;
     a run whose model was a Python function needs it again: ``resume(path, target=fn, init=...)``.
+    A model or data other than the store's, or another dhmc or JAX version, raises
+    :class:`~dhmc.errors.ModelMismatchError` unless ``force=True``.
     """
     from dhmc.storage import zarr_
 
@@ -133,14 +136,16 @@ def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = ()
         target = spec.model
     resolved, _, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
     model = resolved.build()
+    if not force:
+        _check_same_run(path, root.attrs, model)
     attrs = {k: root.attrs[k] for k in ("created_at", "inference_library", "inference_library_version",
-                                        "dhmc_run_spec")}
+                                        "dhmc_run_spec", "dhmc_fingerprint", "dhmc_versions") if k in root.attrs}
     run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=attrs, store=path, resume=True,
                      observers=_observers(progress))
     return drive(run, Startup(spec, model, cluster, cluster_options))
 
 
-def _attrs(spec: RunSpec) -> dict:
+def _attrs(spec: RunSpec, model) -> dict:
     from dhmc import __version__
 
     return {
@@ -148,7 +153,23 @@ def _attrs(spec: RunSpec) -> dict:
         "inference_library": "dhmc",
         "inference_library_version": __version__,
         "dhmc_run_spec": json.dumps(asdict(spec)),
+        "dhmc_fingerprint": fingerprint(model),
+        "dhmc_versions": versions(),
     }
+
+
+def _check_same_run(path, attrs, model) -> None:
+    """Refuse to continue a store with another model, data, dhmc or JAX version than its run's."""
+    from dhmc.errors import ModelMismatchError
+
+    stored = dict(attrs.get("dhmc_versions") or {})
+    changed = [f"{k} {stored[k]} -> {v}" for k, v in versions().items() if k in stored and stored[k] != v]
+    if changed:
+        raise ModelMismatchError(f"the run in {path} was made with other versions ({', '.join(changed)}): its "
+                                 "draws would not continue bitwise; pass force=True (--force) to resume anyway")
+    if attrs.get("dhmc_fingerprint") not in (None, fingerprint(model)):
+        raise ModelMismatchError(f"the run in {path} sampled another model or other data than the one given "
+                                 "(their fingerprints differ); pass force=True (--force) to resume anyway")
 
 
 def _observers(progress: bool) -> tuple:

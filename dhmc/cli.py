@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dhmc.errors import NoWorkersError, WorkerCrashError
+from dhmc.errors import BlockTimeoutError, NoWorkersError, WorkerCrashError
 
 ERRORS = (ValueError, TypeError, FileExistsError, PermissionError, FileNotFoundError, RuntimeError, OSError)
 
@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("resume", help="continue an interrupted run from its store")
     r.add_argument("store")
+    r.add_argument("--force", action="store_true",
+                   help="resume even with another model, data, dhmc or JAX version than the store's run")
     _cluster_args(r)
 
     m = sub.add_parser("summary", help="diagnostics of a store: means, R-hat, ESS, divergences")
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except (WorkerCrashError, NoWorkersError) as e:  # the run cannot go on: the whole message (block, signal)
+    except (WorkerCrashError, NoWorkersError, BlockTimeoutError) as e:  # the run cannot go on: the whole message
         print(f"dhmc: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -110,7 +112,7 @@ def _resume(args) -> int:
     import dhmc
 
     trace = dhmc.resume(args.store, cluster=args.cluster, cluster_options=dict(args.cluster_option),
-                        progress=args.progress)
+                        progress=args.progress, force=args.force)
     _print_result(trace, args.store)
     return 0
 

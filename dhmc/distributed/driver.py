@@ -48,7 +48,7 @@ def drive(run: RunContext, startup: Startup):
     client, close = startup.connect()
     blob, token = pickle_target(run.target)
     run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
-    runner = None
+    runner, lock = None, _lock(run.store, run_id)
     try:
         root, sink = _open_sink(run, run_id)
         runner = Runner(client, run.spec, blob, token, run.model.dtype, sink, run.observers, startup.executables,
@@ -69,7 +69,19 @@ def drive(run: RunContext, startup: Startup):
     finally:
         if runner is not None:
             runner.tell("close")
+        if lock is not None:
+            lock.release()
+        startup.close()
         close()
+
+
+def _lock(store, run_id: str):
+    """Hold the store's lock for the whole run (before it is created or overwritten); None for URLs."""
+    if store is None or "://" in str(store):
+        return None
+    from dhmc.storage.lock import StoreLock
+
+    return StoreLock(store, run_id).acquire()
 
 
 def _open_sink(run: RunContext, run_id: str):

@@ -57,8 +57,8 @@ class Runner:
         Objects with ``warmup_block(round, rounds, chunks_done, chunks)`` and
         ``sample_block(chunk, segment, result, chain_draws)`` (both optional), told as blocks finish.
     executables
-        ``{phase: Future of bytes}`` from :func:`~dhmc.distributed.startup.precompile`, shipped with
-        every full-sized block.
+        ``{phase: Future of a file's path}`` from :func:`~dhmc.distributed.startup.precompile`, named
+        by every full-sized block.
     store
         The store's path, named in errors (``dhmc resume STORE``).
     """
@@ -83,7 +83,7 @@ class Runner:
                    phase, chains.start, chains.stop, first, n, positions, params,
                    executable=self._executable(phase, len(chains)), **kw)
 
-    def _executable(self, phase: str, chains: int) -> bytes | None:
+    def _executable(self, phase: str, chains: int) -> str | None:
         future = self.executables.get(phase)
         if future is None or chains != self.spec.chains_per_task:
             return None

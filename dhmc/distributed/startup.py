@@ -7,8 +7,11 @@ both begin once the cheap checks pass and overlap with checking the log density.
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import sys
 import sysconfig
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -28,7 +31,8 @@ class Startup:
         self.t0 = time.perf_counter()
         self.cluster, self.options, self.seconds = cluster, options, 0.0
         embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
-        self.executables = precompile(spec, model) if embedded else None
+        self._folder = tempfile.mkdtemp(prefix="dhmc-programs-") if embedded else None
+        self.executables = precompile(spec, model, self._folder) if embedded else None
         self._pending = in_thread(_connect, cluster, options) if embedded else None
 
     def connect(self):
@@ -37,8 +41,14 @@ class Startup:
         self.seconds = time.perf_counter() - self.t0
         return connected
 
+    def close(self) -> None:
+        """Remove the compiled programs' files (the run is over)."""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
     def abandon(self) -> None:
         """Close, in the background, a cluster started for a call that failed before using it."""
+        self.close()
         if self._pending is not None:
             pending = self._pending
             in_thread(lambda: pending.result()[1]())
@@ -84,22 +94,29 @@ def pickle_target(target) -> tuple[bytes, str]:
     return blob, hashlib.sha1(blob).hexdigest()
 
 
-def precompile(spec: RunSpec, model) -> dict:
+def precompile(spec: RunSpec, model, folder: str) -> dict:
     """Compile the run's block programs in a background thread, while the cluster starts.
 
     Only for workers that share this machine and backend (the embedded cluster): one compile here
-    replaces one per worker, and overlaps with starting them. Returns ``{phase: Future of bytes}``.
+    replaces one per worker, and overlaps with starting them. Each program is written to a file in
+    ``folder``, which a block names (a path, not the bytes: blocks stay small, and the driver's memory
+    does not grow with every block sent). Returns ``{phase: Future of the file's path}``.
     """
     from dhmc.distributed.worker import precompile as compile_block
 
-    def compile_in_this_thread(*args):
+    def compile_in_this_thread(phase, *args):
         with jax.enable_x64(spec.x64):  # the caller's x64 may be a context of its own thread
-            return compile_block(*args)
+            blob = compile_block(model, spec.kernel_config, phase, *args)
+        path = os.path.join(folder, f"{phase}.bin")
+        with open(path + ".part", "wb") as f:
+            f.write(blob)
+        os.replace(path + ".part", path)
+        return path
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-compile")
     phases = {"warmup": max(1, spec.warmup)} if spec.warmup else {}
     phases["sample"] = spec.draws_per_segment
-    futures = {phase: pool.submit(compile_in_this_thread, model, spec.kernel_config, phase, n, spec.chains_per_task,
-                                  spec.dense_mass) for phase, n in phases.items()}
+    futures = {phase: pool.submit(compile_in_this_thread, phase, n, spec.chains_per_task, spec.dense_mass)
+               for phase, n in phases.items()}
     pool.shutdown(wait=False)
     return futures

@@ -49,7 +49,7 @@ class Job:
     adapt: bool = True
     collect_mass: bool = False
     find_step: bool = False
-    executable: bytes | None = field(default=None, repr=False)  # the driver's compiled program, if any
+    executable: str | None = None  # a file holding the driver's compiled program, if any (same machine)
     store: Any = field(default=None, repr=False)  # a storage.zarr_.BlockDestination: the worker writes there
 
     def describe(self) -> str:
@@ -175,6 +175,14 @@ def precompile(model, config: KernelConfig, phase: str, num_iterations: int, cha
     return cloudpickle.dumps((jax.default_backend(), serialize(compiled)))
 
 
+def _read(path: str | None) -> bytes | None:
+    """The bytes of the driver's executable file; None if there is none (or it is gone)."""
+    try:
+        return None if path is None else open(path, "rb").read()
+    except OSError:
+        return None
+
+
 def _load(executable: bytes | None):
     """The driver's executable, or None when it cannot run here (another backend, another JAX)."""
     if executable is None:
@@ -196,7 +204,7 @@ def _program(job: Job, model, args):
     if key in _PROGRAMS:
         return _PROGRAMS[key], 0.0
     start = time.perf_counter()
-    compiled = _load(job.executable)
+    compiled = _load(_read(job.executable))
     if compiled is None:
         compiled = compile_program(build_program(model, job.config, job.phase, job.num_iterations), args)
     if len(_PROGRAMS) >= _CACHE_SIZE:
