@@ -12,6 +12,7 @@ from dataclasses import dataclass
 WARMUP_FRACTIONS = (0.15, 0.15, 0.25, 0.35, 0.10)  # rounds; the mass matrix is re-estimated after all but the last
 BLOCK_CHAIN_DRAWS = 25_000  # aim for blocks of at least this many chain-draws (>= ~0.5 s of work)
 BLOCK_BYTES = 256 * 2**20  # and at most this much trace per block
+MIN_DRAWS_PER_SEGMENT = 100  # each block write costs ~3-4 ms per Zarr chunk: big ensembles get long segments
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def default_chains_per_task(chains: int, gpu: bool = False) -> int:
 
 def default_draws_per_segment(draws: int, chains_per_task: int, bytes_per_draw: int) -> int:
     """Draws per block: enough work per task, a bounded trace, segments of equal length."""
-    size = max(50, math.ceil(BLOCK_CHAIN_DRAWS / chains_per_task))
+    size = max(MIN_DRAWS_PER_SEGMENT, math.ceil(BLOCK_CHAIN_DRAWS / chains_per_task))
     size = min(size, max(1, BLOCK_BYTES // max(1, chains_per_task * bytes_per_draw)))
     size = min(draws, size)
     return math.ceil(draws / math.ceil(draws / size))
