@@ -121,8 +121,10 @@ def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = ()
     :class:`~dhmc.errors.ModelMismatchError` unless ``force=True``.
     """
     from dhmc.storage import zarr_
+    from dhmc.storage.lock import check_free
 
     root, layout = zarr_.open_store(path)
+    check_free(path)  # another run writing it: refused before any cluster starts
     try:
         spec = RunSpec(**json.loads(root.attrs["dhmc_run_spec"]))
     except Exception as e:  # noqa: BLE001

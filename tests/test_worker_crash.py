@@ -161,12 +161,14 @@ def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_pat
             outcome["error"], outcome["at"] = e, time.monotonic()
 
     with dask.config.set({"dhmc.no-workers-timeout": "5s"}):
+        started = time.time()
         thread = threading.Thread(target=run)
         thread.start()
         deadline = time.monotonic() + 300
         while _done(store) < 2 and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.02)
-        workers = [p for p in psutil.Process().children(recursive=True) if "dask_spec" in " ".join(p.cmdline())]
+        workers = [p for p in psutil.Process().children(recursive=True)  # this run's workers, not others'
+                   if "dask_spec" in " ".join(p.cmdline()) and p.create_time() >= started - 1]
         assert len(workers) == 2, workers
         for worker in workers:
             worker.kill()

@@ -46,10 +46,11 @@ def drive(run: RunContext, startup: Startup):
     from distributed import span
 
     client, close = startup.connect()
-    blob, token = pickle_target(run.target)
     run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
-    runner, lock = None, _lock(run.store, run_id)
+    runner = lock = None
     try:
+        lock = _lock(run.store, run_id)
+        blob, token = pickle_target(run.target)
         root, sink = _open_sink(run, run_id)
         runner = Runner(client, run.spec, blob, token, run.model.dtype, sink, run.observers, startup.executables,
                         store=run.store, run_id=run_id)

@@ -256,37 +256,13 @@ class DhmcWorkerPlugin(WorkerPlugin):
         on_block(record_block)
 
 
-def record_block(
-    *,
-    run_id: str,
-    phase: str,
-    chains: int,
-    draws: int,
-    grad_evals: int,
-    seconds: float,
-    compile_seconds: float,
-    acceptance_mean: float,
-    divergences: int,
-) -> None:
-    """Record one finished sampling block on the current Dask worker.
+def record_block(**block: Any) -> None:
+    """Record one finished block on the current Dask worker (the keywords of :meth:`BlockStats.record`).
 
-    A no-op outside a worker. Installs the metrics lazily if
+    Called through :func:`dhmc.distributed.events.on_block` for every block the worker runs: run id,
+    phase, chains and draws, gradient evaluations, seconds of sampling and of compiling, mean
+    acceptance and divergences. A no-op outside a worker; installs the metrics lazily if
     ``DhmcWorkerPlugin`` was not registered. Never raises.
-
-    Parameters
-    ----------
-    run_id, phase : str
-        Identify the run and its phase (e.g. ``"warmup"``, ``"sampling"``).
-    chains, draws : int
-        The block holds ``chains x draws`` draws.
-    grad_evals : int
-        Total gradient evaluations in the block.
-    seconds, compile_seconds : float
-        Sampling wall time, and compilation time before it.
-    acceptance_mean : float
-        Mean acceptance probability over the block.
-    divergences : int
-        Divergent transitions in the block.
     """
     try:
         from distributed.worker import get_worker
@@ -295,17 +271,7 @@ def record_block(
     except (ValueError, ImportError):
         return
     try:
-        instrument(worker, on_loop=False).record(
-            run_id=run_id,
-            phase=phase,
-            chains=chains,
-            draws=draws,
-            grad_evals=grad_evals,
-            seconds=seconds,
-            compile_seconds=compile_seconds,
-            acceptance_mean=acceptance_mean,
-            divergences=divergences,
-        )
+        instrument(worker, on_loop=False).record(**block)
     except Exception:
         logger.warning("dhmc: record_block failed", exc_info=True)
 

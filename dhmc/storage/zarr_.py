@@ -112,7 +112,7 @@ class BlockDestination:
     """Where one block goes in a store; the worker that ran the block writes it (see :meth:`write`).
 
     ``path`` must be reachable from the worker: a local path for the embedded cluster, the shared
-    filesystem under Slurm, or an fsspec URL. The driver marks the block done only after the worker
+    filesystem under Slurm. The driver marks the block done only after the worker
     reported its write (:func:`mark_done`), so a block interrupted mid-write is written again on resume.
     """
 
