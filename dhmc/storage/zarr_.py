@@ -89,6 +89,7 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
                 dtype=spec.dtype,
                 fill_value=fill_value(spec.dtype),
                 dimension_names=["chain", "draw", *spec.dims],
+                **_compression(name, spec.dtype),
             )
     if observed:
         g = root.create_group("observed_data", attributes=attrs)
@@ -148,6 +149,13 @@ def _arrays(path: str, layout: Layout, run_id: str) -> dict:
         _OPEN.clear()  # one run at a time per worker process keeps no stale handles
         _OPEN[key] = {name: root[name] for name in [*names, f"{INTERNAL}/position"]}
     return _OPEN[key]
+
+
+def _compression(name: str, dtype) -> dict:
+    """Draws in floating point are stored raw: zstd saves under 10% of their bytes and costs ~1/4 of a
+    block's write (measured: 34 -> 26 ms per 1024 x 100 block, +9% on disk); integers, booleans and the
+    constant ``step_size`` keep Zarr's default compression."""
+    return {"compressors": None} if np.dtype(dtype).kind == "f" and name != "step_size" else {}
 
 
 def block_shapes(block: dict) -> dict:
