@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from correlated_gaussian import COV, MEAN, SD
 from jax import lax
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln, logsumexp
@@ -25,12 +26,6 @@ import dhmc
 
 SIZES = dict(chains=64, draws=400, warmup=300, chains_per_task=16, progress=False)
 
-MEAN = np.array([1.0, -2.0, 0.5])
-SD = np.array([1.0, 2.0, 0.5])
-CORR = np.array([[1.0, 0.8, -0.5],
-                 [0.8, 1.0, -0.3],
-                 [-0.5, -0.3, 1.0]])
-COV = CORR * np.outer(SD, SD)
 
 
 @pytest.fixture(autouse=True)

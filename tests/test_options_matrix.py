@@ -14,17 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from correlated_gaussian import CORR, COV, MEAN, PRECISION, SD
 from mc_checks import within_correlation_error, within_mc_error
 
 import dhmc
-
-MEAN = np.array([1.0, -2.0, 0.5])
-SD = np.array([1.0, 2.0, 0.5])
-CORR = np.array([[1.0, 0.8, -0.5],
-                 [0.8, 1.0, -0.3],
-                 [-0.5, -0.3, 1.0]])
-COV = CORR * np.outer(SD, SD)
-PRECISION = np.linalg.inv(COV)
 
 
 def logdensity(p):

@@ -72,6 +72,31 @@ def _same(a, b) -> bool:
                for v in a[g].data_vars)
 
 
+class _Background:
+    """``dhmc.sample(target, store=store, **kw)`` in a thread; ``error`` and ``at`` (monotonic s) once it fails."""
+
+    def __init__(self, target, store, **kw):
+        self.store, self.error, self.at = store, None, None
+        self.thread = threading.Thread(target=self._run, args=(target, kw))
+        self.thread.start()
+
+    def _run(self, target, kw):
+        try:
+            dhmc.sample(target, store=self.store, **kw)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            self.error, self.at = e, time.monotonic()
+
+    def wait_for_blocks(self, n: int = 2, poll: float = 0.05) -> None:
+        deadline = time.monotonic() + 300
+        while _done(self.store) < n and time.monotonic() < deadline and self.thread.is_alive():
+            time.sleep(poll)
+
+    def join(self, seconds: float, hang: str):
+        self.thread.join(seconds)
+        assert not self.thread.is_alive(), hang
+        return self.error
+
+
 @pytest.fixture
 def marker():
     yield MARKER
@@ -85,26 +110,13 @@ def test_a_crashing_block_ends_the_run_in_seconds_and_the_store_resumes(tmp_path
     assert total >= 6, "too few blocks to crash in the middle"
 
     store = tmp_path / "hit.zarr"
-    outcome = {}
-
-    def run():
-        try:
-            dhmc.sample(crashing_logdensity, store=store, **KW)
-        except BaseException as e:  # noqa: BLE001 - the test looks at it
-            outcome["error"], outcome["at"] = e, time.monotonic()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.monotonic() + 300
-    while _done(store) < 2 and time.monotonic() < deadline and thread.is_alive():
-        time.sleep(0.05)
+    run = _Background(crashing_logdensity, store, **KW)
+    run.wait_for_blocks()
     open(marker, "w").close()
     marked = time.monotonic()
-    thread.join(300)
-    assert not thread.is_alive(), "the run hangs after its workers crashed"
-    error = outcome.get("error")
+    error = run.join(300, "the run hangs after its workers crashed")
     assert isinstance(error, dhmc.WorkerCrashError), repr(error)
-    seconds = outcome["at"] - marked
+    seconds = run.at - marked
     print(f"WorkerCrashError {seconds:.1f} s after the first crash")
     assert seconds < 60
     message = str(error)
@@ -152,32 +164,20 @@ def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_pat
 
     kw = dict(KW, cluster_options={"max_restarts": 0})
     dhmc.sample(slow_logdensity, store=tmp_path / "ref.zarr", **KW)
-    store, outcome = tmp_path / "lost.zarr", {}
-
-    def run():
-        try:
-            dhmc.sample(slow_logdensity, store=store, **kw)
-        except BaseException as e:  # noqa: BLE001 - the test looks at it
-            outcome["error"], outcome["at"] = e, time.monotonic()
-
+    store = tmp_path / "lost.zarr"
     with dask.config.set({"dhmc.no-workers-timeout": "5s"}):
         started = time.time()
-        thread = threading.Thread(target=run)
-        thread.start()
-        deadline = time.monotonic() + 300
-        while _done(store) < 2 and time.monotonic() < deadline and thread.is_alive():
-            time.sleep(0.02)
+        run = _Background(slow_logdensity, store, **kw)
+        run.wait_for_blocks(poll=0.02)
         workers = [p for p in psutil.Process().children(recursive=True)  # this run's workers, not others'
                    if "dask_spec" in " ".join(p.cmdline()) and p.create_time() >= started - 1]
         assert len(workers) == 2, workers
         for worker in workers:
             worker.kill()
         killed = time.monotonic()
-        thread.join(120)
-    assert not thread.is_alive(), "the run hangs without workers"
-    error = outcome.get("error")
+        error = run.join(120, "the run hangs without workers")
     assert isinstance(error, dhmc.NoWorkersError), repr(error)
-    assert outcome["at"] - killed < 30 and f"dhmc resume {store}" in str(error)
+    assert run.at - killed < 30 and f"dhmc resume {store}" in str(error)
     total = zarr.open_group(str(store), mode="r")["dhmc/done"].size
     assert _done(store) < total
     dhmc.resume(store, target=slow_logdensity, init=KW["init"], progress=False)
@@ -197,27 +197,15 @@ def test_a_stuck_block_ends_the_run_after_the_block_timeout_and_the_store_resume
     import dask
 
     dhmc.sample(stuck_logdensity, store=tmp_path / "ref.zarr", **KW)
-    store, outcome = tmp_path / "stuck.zarr", {}
-
-    def run():
-        try:
-            dhmc.sample(stuck_logdensity, store=store, **KW)
-        except BaseException as e:  # noqa: BLE001 - the test looks at it
-            outcome["error"], outcome["at"] = e, time.monotonic()
-
+    store = tmp_path / "stuck.zarr"
     with dask.config.set({"dhmc.block-timeout": "4s"}):
-        thread = threading.Thread(target=run)
-        thread.start()
-        deadline = time.monotonic() + 300
-        while _done(store) < 2 and time.monotonic() < deadline and thread.is_alive():
-            time.sleep(0.05)
+        run = _Background(stuck_logdensity, store, **KW)
+        run.wait_for_blocks()
         open(marker, "w").close()
         stuck = time.monotonic()
-        thread.join(120)
-    assert not thread.is_alive(), "the run hangs on a stuck block"
-    error = outcome.get("error")
+        error = run.join(120, "the run hangs on a stuck block")
     assert isinstance(error, dhmc.BlockTimeoutError), repr(error)
-    assert outcome["at"] - stuck < 30
+    assert run.at - stuck < 30
     assert "dhmc.block-timeout" in str(error) and f"dhmc resume {store}" in str(error)
     os.remove(marker)
     dhmc.resume(store, target=stuck_logdensity, init=KW["init"], progress=False)

@@ -22,7 +22,7 @@ from dhmc.models.base import TRACING, FlatModel
 
 __all__ = ["fingerprint", "versions"]
 
-#: Printed callbacks carry the address of a Python object (JAX 0.10 masks it as 0xXXXX; older ones may not).
+#: Printed callbacks carry the address of a Python object (JAX 0.10 masks the digits; older ones may not).
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
