@@ -9,6 +9,7 @@ segfaulting custom call.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -120,7 +121,10 @@ def test_a_crashing_block_ends_the_run_in_seconds_and_the_store_resumes(tmp_path
     print(f"WorkerCrashError {seconds:.1f} s after the first crash")
     assert seconds < 60
     message = str(error)
-    assert "signal 9 (SIGKILL)" in message and "crashing_logdensity" in message and "killed 3 worker" in message
+    assert "signal 9 (SIGKILL)" in message and "crashing_logdensity" in message, message
+    # two blocks run at once, so deaths may arrive in pairs: 3 or 4 of them end the run
+    count = re.search(r"killed (\d+) (worker|times)", message)
+    assert count and int(count.group(1)) >= 3 and "chains" in message, message
     assert "the model's callback kills this worker now" in message
     assert f"dhmc resume {store}" in message
 

@@ -130,7 +130,9 @@ class Runner:
         name = type(error).__name__
         if name == "KilledWorker":
             last = getattr(error.last_worker, "name", None) or getattr(error.last_worker, "address", "?")
-            raise self._crash_error(error.allowed_failures + 1, block.job.describe(), str(last)) from None
+            count = error.allowed_failures + 1
+            raise self._crash_error(f"a {block.job.describe()} of model {self.spec.model!r} killed {count} "
+                                    f"worker(s)", str(last)) from None
         if name == "NoWorkerError":
             raise self._no_workers_error(getattr(error, "timeout", None)) from None
         if name in RETRYABLE and block.retries < self.max_retries:
@@ -141,8 +143,10 @@ class Runner:
         """End a run whose workers keep dying, or in which no block finished for ``dhmc.block-timeout``."""
         deaths = self._deaths()[self._deaths_before:] if self._deaths else []
         if len(deaths) >= self.crashes:
-            ran = _block_in(deaths[-1].stderr_tail, self.run_id)
-            raise self._crash_error(len(deaths), ran or "block", deaths[-1].worker)
+            ran = _block_in(deaths[-1].stderr_tail, self.run_id) or "block"
+            raise self._crash_error(f"workers running model {self.spec.model!r} were killed {len(deaths)} times "
+                                    f"(dhmc.worker-crashes: {self.crashes}), the last in a {ran}",
+                                    deaths[-1].worker)
         if self.block_timeout and idle > self.block_timeout:
             from dhmc.errors import BlockTimeoutError
 
@@ -153,8 +157,8 @@ class Runner:
     def _hint(self) -> str:
         return f"; every block finished before is in {self.store}: dhmc resume {self.store}" if self.store else ""
 
-    def _crash_error(self, count: int, block: str, worker: str, wait: float = 5.0):
-        """A :class:`WorkerCrashError` naming the block, the model and how the last worker ended.
+    def _crash_error(self, headline: str, worker: str, wait: float = 5.0):
+        """A :class:`WorkerCrashError`: ``headline`` (block, model, count) and how the last worker ended.
 
         On the embedded cluster the message has the dead worker's exit signal or code and the last
         lines it wrote to stderr (the driver may hear of its death a moment after the scheduler).
@@ -166,7 +170,7 @@ class Runner:
             death = next((d for d in reversed(self._deaths()) if d.worker == worker), None)
             time.sleep(0 if death else 0.05)
         how = death.describe() if death else "ended (exit status unknown: see that worker's log)"
-        lines = [f"a {block} of model {self.spec.model!r} killed {count} worker(s); the last, {worker}, {how}"]
+        lines = [f"{headline}; the last, {worker}, {how}"]
         if death and death.stderr_tail:
             lines.append("its last lines on stderr:")
             lines += [f"    {line}" for line in death.stderr_tail]
