@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import jax
 
 from dhmc.distributed.driver import RunContext, drive
-from dhmc.distributed.spec import RunSpec, check_options, layout_for
+from dhmc.distributed.spec import RunSpec, check_kernel_fits, check_options, layout_for
 from dhmc.distributed.startup import Startup
 from dhmc.models.fingerprint import fingerprint, versions
 from dhmc.models.resolve import initial_positions, resolve_target
@@ -40,7 +40,7 @@ def sample(
     trajectory_length: float | None = None,
     adapt: bool = True,
     dense_mass: bool = False,
-    target_accept: float = 0.8,
+    target_accept: float | None = None,
     cluster=None,
     chains_per_task: int | None = None,
     store: str | Path | None = None,
@@ -64,13 +64,14 @@ def sample(
     chains, draws, warmup, seed
         Ensemble size, draws kept per chain, adaptation iterations, random seed.
     kernel
-        ``"chees"`` (jittered trajectories, ChEES-adapted length) or ``"hmc"`` (fixed steps).
+        ``"chees"`` (HMC, jittered trajectories of ChEES-adapted length), ``"mams"`` (Metropolis-adjusted
+        microcanonical dynamics, same adaptation; needs two or more dimensions) or ``"hmc"`` (fixed steps).
     step_size, num_steps, trajectory_length
         Fixed HMC settings; ``trajectory_length = step_size * num_steps``. With ``adapt=True`` a given
         ``step_size`` is only the starting point.
     adapt, dense_mass, target_accept
         Adapt step size, trajectory length and a diagonal (or dense) inverse mass matrix during warmup,
-        steering the ensemble's harmonic-mean acceptance to ``target_accept``.
+        steering the ensemble's harmonic-mean acceptance to ``target_accept`` (default 0.8; 0.9 for MAMS).
     cluster
         None (an embedded local cluster), ``"local"``, ``"cuda"``, ``"slurm"``, a scheduler address, a
         ``distributed.Client`` or a ``Cluster``.
@@ -93,6 +94,7 @@ def sample(
                             target_accept=target_accept, chains_per_task=chains_per_task)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
     model = resolved.build()
+    check_kernel_fits(options["kernel"], model.dim)
     layout = layout_for(model, chains, draws, chains_per_task, gpu=cluster == "cuda")
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=layout.chains_per_task,
                    draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64), **options)
@@ -106,7 +108,7 @@ def sample(
     except BaseException:
         startup.abandon()
         raise
-    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=_attrs(spec, model),
+    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=_attrs(spec, model, store),
                      positions=positions, store=store, overwrite=overwrite, observers=_observers(progress))
     return drive(run, startup)
 
@@ -147,16 +149,17 @@ def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = ()
     return drive(run, Startup(spec, model, cluster, cluster_options))
 
 
-def _attrs(spec: RunSpec, model) -> dict:
+def _attrs(spec: RunSpec, model, store) -> dict:
+    """The result's attributes; a store's also fingerprint the model (10-100 ms), for ``resume`` to check."""
     from dhmc import __version__
 
+    identity = {"dhmc_fingerprint": fingerprint(model), "dhmc_versions": versions()} if store is not None else {}
     return {
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "inference_library": "dhmc",
         "inference_library_version": __version__,
         "dhmc_run_spec": json.dumps(asdict(spec)),
-        "dhmc_fingerprint": fingerprint(model),
-        "dhmc_versions": versions(),
+        **identity,
     }
 
 

@@ -64,8 +64,9 @@ def _cli(*args):
 
 
 def test_killed_driver_resumes_bitwise(tmp_path):
+    """With MAMS (the store-safety tests kill the default kernel's drivers)."""
     args = ["sample", "coin_toss", "--chains", 128, "--draws", 3000, "--warmup", 200, "--seed", 3,
-            "--chains-per-task", 16, "--no-progress"]
+            "--chains-per-task", 16, "--kernel", "mams", "--no-progress"]
     full = subprocess.run(_cli(*args, "--out", tmp_path / "full.zarr"), capture_output=True, text=True, timeout=600)
     assert full.returncode == 0, full.stderr[-1500:]
 

@@ -30,6 +30,9 @@ def test_target_is_a_proper_gaussian():
 
 
 CASES = list(itertools.product(["chees", "hmc"], [False, True], [False, True], ["embedded", "client2"]))
+# MAMS shares ChEES's adaptation and block programs: a half-fraction of its cube, each option on and off twice
+CASES += [("mams", False, False, "embedded"), ("mams", True, True, "embedded"),
+          ("mams", True, False, "client2"), ("mams", False, True, "client2")]
 
 
 # pytest.ini turns dhmc's UserWarnings into errors: one raised in the driver's background compile

@@ -51,8 +51,10 @@ def test_logdensity_with_client_gaussian_2d(client2):
     assert abs(np.corrcoef(flat.T)[0, 1] + 0.75) < 0.02
 
 
-def test_bitwise_identical_on_one_and_two_workers(client1, client2):
-    kw = dict(init={"x": jnp.zeros(3)}, chains=64, draws=120, warmup=150, seed=5, chains_per_task=16, progress=False)
+@pytest.mark.parametrize("kernel", ["chees", "mams"])
+def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel):
+    kw = dict(init={"x": jnp.zeros(3)}, chains=64, draws=120, warmup=150, seed=5, chains_per_task=16, progress=False,
+              kernel=kernel)
     logdensity = lambda p: -0.5 * jnp.sum((p["x"] - 1.0) ** 2 * jnp.array([1.0, 4.0, 9.0]))
     one = dhmc.sample(logdensity, cluster=client1, **kw)
     two = dhmc.sample(logdensity, cluster=client2, **kw)
@@ -122,7 +124,7 @@ def test_script_without_main_guard_runs_on_embedded_cluster(tmp_path):
     assert "NOGUARD_OK (32, 50, 2)" in out.stdout, out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kernel", ["hmc", "chees"])
+@pytest.mark.parametrize("kernel", ["hmc", "chees", "mams"])
 def test_fixed_parameters_without_adaptation(client2, kernel):
     trace = dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=32, draws=50,
                         warmup=10, kernel=kernel, step_size=0.3, num_steps=5, adapt=False, cluster=client2,
@@ -132,7 +134,7 @@ def test_fixed_parameters_without_adaptation(client2, kernel):
     steps = stats_["n_steps"].values
     if kernel == "hmc":
         assert np.all(steps == 5)
-    else:  # jittered: ceil(u * 5) with u in (0, 1), shared by all chains
+    else:  # jittered (chees, mams): ceil(u * 5) with u in (0, 1), shared by all chains
         assert steps.min() >= 1 and steps.max() <= 5 and len(np.unique(steps)) > 1
         assert np.all(steps == steps[:1])
 

@@ -54,6 +54,8 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
         _check_integer(1, chains_per_task=chains_per_task)
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+    if target_accept is None:
+        target_accept = 0.9 if kernel == "mams" else 0.8  # MAMS's optimum is higher (Robnik et al. 2025, sec. 4)
     if not 0.0 < target_accept < 1.0:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
     if step_size is not None and not step_size > 0:
@@ -72,6 +74,13 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     return dict(chains=int(chains), draws=int(draws), warmup=int(warmup), kernel=kernel, step_size=step_size,
                 num_steps=num_steps, trajectory_length=trajectory_length, adapt=bool(adapt),
                 target_accept=float(target_accept))
+
+
+def check_kernel_fits(kernel: str, dim: int) -> None:
+    """MAMS's velocity lives on the unit sphere of the unconstrained space: it needs two dimensions."""
+    if kernel == "mams" and dim < 2:
+        raise ValueError(f"kernel='mams' needs at least 2 unconstrained dimensions, the model has {dim}; "
+                         "use kernel='chees'")
 
 
 def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu: bool) -> schema.Layout:

@@ -1,4 +1,4 @@
-"""dhmc with its defaults against six posteriordb reference posteriors (third-party gold-standard draws).
+"""dhmc with its defaults (and with kernel="mams") against six posteriordb reference posteriors (gold-standard draws).
 
 Each posterior as a plain JAX log density, and two as NumPyro models. Pass: every parameter's mean within
 max |z| < 4.5 and sd within max(5%, 3/sqrt(ESS)) of the reference (``compare.py``); the centred eight
@@ -27,18 +27,20 @@ def _sample(target, client, post, **kw):
                            cluster=client, progress=False, **kw)
 
 
+@pytest.mark.parametrize("kernel", ["chees", "mams"])
 @pytest.mark.parametrize("name", NAMES)
-def test_log_density_matches_reference(name, client2):
+def test_log_density_matches_reference(name, kernel, client2):
     post = REFERENCE_POSTERIORS[name]
     with jax.enable_x64(post.x64):
-        trace = _sample(post.logdensity, client2, post, init=post.init_as())
+        trace = _sample(post.logdensity, client2, post, init=post.init_as(), kernel=kernel)
     position = {k: trace["posterior"][k].values for k in post.init}
     report = compare(post.to_reference(position, derived=True), name)
     divergent = diagnostics.divergences(trace)
     if post.expect_unbiased:
         assert report.passed, f"{report}\ndivergences: {divergent}"
+    elif divergent == 0:  # never silently wrong: a run without divergences must be right
+        assert report.passed, f"no divergences reported, yet:\n{report}"
     else:
-        assert divergent > 0, "the centred eight schools funnel must report divergences"
         assert any("divergent" in w for w in diagnostics.check(trace))
 
 
