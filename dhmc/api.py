@@ -31,7 +31,7 @@ def sample(
     *,
     init=None,
     chains: int = 1024,
-    draws: int = 1000,
+    draws: int | str = 1000,
     warmup: int = 1000,
     seed: int = 0,
     kernel: str = "chees",
@@ -49,6 +49,8 @@ def sample(
     progress: bool = True,
     overwrite: bool = False,
     cluster_options: dict | None = None,
+    target_ess: float | None = None,
+    max_draws: int | None = None,
 ) -> xr.DataTree:
     """Sample an ensemble of HMC chains on a Dask cluster.
 
@@ -62,7 +64,7 @@ def sample(
         with a leading axis of length ``chains``. For a NumPyro model: optional; by default chains
         start uniformly in [-2, 2] in unconstrained space.
     chains, draws, warmup, seed
-        Ensemble size, draws kept per chain, adaptation iterations, random seed.
+        Ensemble size, draws kept per chain (or ``"auto"``), adaptation iterations, random seed.
     kernel
         ``"chees"`` (HMC, jittered trajectories of ChEES-adapted length), ``"mams"`` (Metropolis-adjusted
         microcanonical dynamics, same adaptation; needs two or more dimensions) or ``"hmc"`` (fixed steps).
@@ -83,6 +85,9 @@ def sample(
         Arguments of a NumPyro model.
     progress, overwrite, cluster_options
         Show progress; replace an existing store; options for the cluster kind (see ``dhmc.yaml``).
+    target_ess, max_draws
+        With ``draws="auto"``: sample segment by segment until every scalar's bulk and tail ESS reach
+        ``target_ess`` (1000) and nested R-hat is below 1.01, or ``max_draws`` (10000) draws.
 
     Returns
     -------
@@ -91,11 +96,13 @@ def sample(
     """
     options = check_options(chains=chains, draws=draws, warmup=warmup, kernel=kernel, step_size=step_size,
                             num_steps=num_steps, trajectory_length=trajectory_length, adapt=adapt,
-                            target_accept=target_accept, chains_per_task=chains_per_task)
+                            target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
+                            max_draws=max_draws)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
     model = resolved.build()
     check_kernel_fits(options["kernel"], model.dim)
-    layout = layout_for(model, chains, draws, chains_per_task, gpu=cluster == "cuda")
+    layout = layout_for(model, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
+                        auto=options["target_ess"] is not None)
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=layout.chains_per_task,
                    draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64), **options)
     if store is not None:

@@ -19,6 +19,15 @@ def _cluster_option(text: str):
     return key, yaml.safe_load(value)
 
 
+def _draws(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dhmc", description="Dask-distributed ensemble HMC.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -26,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sample", help="sample a built-in model into a Zarr store")
     s.add_argument("model", help="a built-in model name (see `dhmc models`)")
     s.add_argument("--chains", type=int, default=1024)
-    s.add_argument("--draws", type=int, default=1000)
+    s.add_argument("--draws", type=_draws, default=1000, help="draws per chain, or auto: until --target-ess")
+    s.add_argument("--target-ess", type=float, default=None, help="with --draws auto: bulk and tail ESS (1000)")
+    s.add_argument("--max-draws", type=int, default=None, help="with --draws auto: at most this many (10000)")
     s.add_argument("--warmup", type=int, default=1000)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--chains-per-task", type=int, default=None)
@@ -103,7 +114,7 @@ def _sample(args) -> int:
                         trajectory_length=args.trajectory_length, adapt=args.adapt, dense_mass=args.dense_mass,
                         target_accept=args.target_accept, chains_per_task=args.chains_per_task, store=args.out,
                         overwrite=args.overwrite, cluster=args.cluster, cluster_options=dict(args.cluster_option),
-                        progress=args.progress)
+                        progress=args.progress, target_ess=args.target_ess, max_draws=args.max_draws)
     _print_result(trace, args.out)
     return 0
 

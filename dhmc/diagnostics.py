@@ -5,25 +5,9 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from dhmc.distributed.stopping import nested_rhat
 
-def nested_rhat(draws: np.ndarray, superchains: int) -> float:
-    """Nested R-hat (Margossian et al. 2024) of ``draws`` with shape ``(chains, draws)``.
-
-    Chains are grouped in order into ``superchains`` groups of equal size. It stays meaningful for
-    many short chains, where split R-hat needs long ones.
-    """
-    chains, n = draws.shape
-    if superchains < 2 or chains % superchains:
-        raise ValueError(f"{chains} chains cannot be split into {superchains} superchains of equal size")
-    x = draws.reshape(superchains, chains // superchains, n)
-    chain_means = x.mean(axis=2)
-    super_means = chain_means.mean(axis=1)
-    between = super_means.var(ddof=1)
-    m = x.shape[1]
-    between_chains = chain_means.var(axis=1, ddof=1) if m > 1 else np.zeros(superchains)
-    within_chains = x.var(axis=2, ddof=1).mean(axis=1) if n > 1 else np.zeros(superchains)
-    within = (between_chains + within_chains).mean()
-    return float(np.sqrt(1.0 + between / within)) if within > 0 else float("nan")
+__all__ = ["nested_rhat", "summary", "ebfmi", "divergences", "check"]
 
 
 def summary(trace: xr.DataTree, var_names=None, superchains: int | None = None):

@@ -12,14 +12,16 @@ import json
 import os
 import time
 import uuid
+import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
 from dhmc.distributed.runner import Runner, initial_params
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.startup import Startup, pickle_target
+from dhmc.distributed.stopping import RHAT_MAX, Stopping
 from dhmc.models.base import FlatModel
 from dhmc.models.resolve import initial_positions
 from dhmc.storage import schema
@@ -57,15 +59,19 @@ def drive(run: RunContext, startup: Startup):
         runner.tell("start_run", client, run_id, run.spec.plan)
         with span(f"dhmc-{run_id}") if span else nullcontext():
             positions, params, history = _warmup(run, runner, root)
-            runner.sample(_start_positions(run, root, positions), params)
+            stop = _stopping(run, sink, root)
+            kept = runner.sample(_start_positions(run, root, positions), params, stop)
         timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - startup.t0}
         attrs = {**run.attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
+        if stop is not None:
+            attrs.update(_finish_auto(run.spec, sink, stop, kept))
         if root is None:
             return sink.tree(attrs)
         from dhmc.storage import zarr_
 
-        for node in ("", "posterior", "sample_stats"):
-            (root[node] if node else root).attrs.update(attrs)
+        for node in ("", "posterior", "sample_stats", "observed_data"):
+            if not node or node in root:
+                (root[node] if node else root).attrs.update(attrs)
         return zarr_.open_trace(run.store)
     finally:
         if runner is not None:
@@ -118,6 +124,28 @@ def _warmup(run: RunContext, runner: Runner, root):
     if root is not None:
         zarr_.save_warmup(root, positions, params, history)
     return positions, params, history
+
+
+def _stopping(run: RunContext, sink, root) -> Stopping | None:
+    """The ``draws="auto"`` rule's state (the waves a resumed run had checked); None for fixed draws."""
+    if run.spec.target_ess is None:
+        return None
+    checked = int(root.attrs.get("dhmc_auto_checked", 0)) if run.resume and root is not None else 0
+    return Stopping(run.spec, sink, checked)
+
+
+def _finish_auto(spec: RunSpec, sink, stop: Stopping, kept: int) -> dict:
+    """Keep the first ``kept`` segments (trim the sink), or warn that ``max_draws`` came first; new attrs."""
+    plan, last = spec.plan, stop.last
+    if kept < plan.num_segments:
+        sink.trim(kept)
+        spec = replace(spec, draws=min(kept * plan.draws_per_segment, plan.draws))
+    elif last is not None and not last["converged"]:
+        rhat = f", nested R-hat {last['max_rhat']:.3f}" if last["max_rhat"] >= RHAT_MAX else ""
+        warnings.warn(f"draws='auto' reached max_draws={plan.draws} before converging: min ESS "
+                      f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}", stacklevel=4)
+    extra = {"dhmc_auto": json.dumps(last)} if last is not None else {}
+    return {"dhmc_run_spec": json.dumps(asdict(spec)), **extra}
 
 
 def _start_positions(run: RunContext, root, positions) -> dict:

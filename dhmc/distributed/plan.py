@@ -13,6 +13,7 @@ WARMUP_FRACTIONS = (0.15, 0.15, 0.25, 0.35, 0.10)  # rounds; the mass matrix is 
 BLOCK_CHAIN_DRAWS = 25_000  # aim for blocks of at least this many chain-draws (>= ~0.5 s of work)
 BLOCK_BYTES = 256 * 2**20  # and at most this much trace per block
 MIN_DRAWS_PER_SEGMENT = 100  # each block write costs ~3-4 ms per Zarr chunk: big ensembles get long segments
+AUTO_CHECKS = 20  # draws="auto": segments short enough for this many stopping checks by max_draws
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,15 @@ def default_chains_per_task(chains: int, gpu: bool = False) -> int:
     return math.ceil(chains / math.ceil(chains / min(chains, target)))
 
 
-def default_draws_per_segment(draws: int, chains_per_task: int, bytes_per_draw: int) -> int:
-    """Draws per block: enough work per task, a bounded trace, segments of equal length."""
+def default_draws_per_segment(draws: int, chains_per_task: int, bytes_per_draw: int, auto: bool = False) -> int:
+    """Draws per block: enough work per task, a bounded trace, segments of equal length.
+
+    With ``auto`` (``draws="auto"``, ``draws`` being ``max_draws``) segments are at most
+    ``max(MIN_DRAWS_PER_SEGMENT, draws / AUTO_CHECKS)`` long: the run stops at a segment's end.
+    """
     size = max(MIN_DRAWS_PER_SEGMENT, math.ceil(BLOCK_CHAIN_DRAWS / chains_per_task))
+    if auto:
+        size = min(size, max(MIN_DRAWS_PER_SEGMENT, math.ceil(draws / AUTO_CHECKS)))
     size = min(size, max(1, BLOCK_BYTES // max(1, chains_per_task * bytes_per_draw)))
     size = min(draws, size)
     return math.ceil(draws / math.ceil(draws / size))

@@ -55,7 +55,8 @@ class Runner:
         Where sampling blocks go (``dhmc.storage.sinks``): ``destination``, ``write``, ``close``.
     observers
         Objects with ``warmup_block(round, rounds, chunks_done, chunks)`` and
-        ``sample_block(chunk, segment, result, chain_draws)`` (both optional), told as blocks finish.
+        ``sample_block(chunk, segment, result, chain_draws)`` (both optional), told as blocks finish, and
+        ``convergence_check(check)`` after each wave a ``draws="auto"`` run checked.
     executables
         ``{phase: Future of a file's path}`` from :func:`~dhmc.distributed.startup.precompile`, named
         by every full-sized block.
@@ -265,35 +266,78 @@ class Runner:
         return new, summary
 
     # -- sampling -----------------------------------------------------------------------------
-    def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict) -> None:
-        """Stream every remaining block to the sink.
+    def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict, stop=None) -> int:
+        """Stream every remaining block to the sink; return the number of segments kept.
 
-        ``start_positions[chunk] = (segment, positions)``: where each chunk continues.
+        ``start_positions[chunk] = (segment, positions)``: where each chunk continues. With ``stop``
+        (a :class:`~dhmc.distributed.stopping.Stopping`, ``draws="auto"``) each complete wave of
+        segments is checked, chunks run at most one segment ahead of the waves checked, and the
+        run ends at the first wave that meets the rule.
         """
         spec, plan = self.spec, self.spec.plan
         start = time.perf_counter()
         blocks: dict = {}
+        done = {chunk: segment for chunk, (segment, _) in start_positions.items()}
+        held: dict = {}  # chunk -> (segment, positions): waiting for the wave check
 
         def submit(chunk, segment, positions):
-            if segment < plan.num_segments:
-                draws = plan.segment(segment)
-                job = self._job("sample", chunk, spec.warmup + draws.start, plan.draws_per_segment, positions,
-                                params, keep_draws=len(draws), store=self.sink.destination(chunk, segment))
-                blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
+            if segment >= plan.num_segments:
+                return
+            if stop is not None and segment > stop.waves + 1:
+                held[chunk] = (segment, positions)
+                return
+            draws = plan.segment(segment)
+            job = self._job("sample", chunk, spec.warmup + draws.start, plan.draws_per_segment, positions,
+                            params, keep_draws=len(draws), store=self.sink.destination(chunk, segment),
+                            head_chains=stop.k if stop is not None and self.store is not None else 0)
+            blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
+
+        def check_waves() -> bool:
+            """Check the waves completed since the last check; release held chunks; True to stop."""
+            for wave in range(stop.waves + 1, min(done.values()) + 1):
+                self.tell("convergence_check", stop.check(wave))
+                if stop.stopped:
+                    return True
+            for chunk, (segment, positions) in sorted(held.items()):
+                if segment <= stop.waves + 1:
+                    del held[chunk]
+                    submit(chunk, segment, positions)
+            return False
 
         try:
+            if stop is not None and min(done.values()) < plan.num_segments and check_waves():
+                return stop.waves + 1  # a resumed run whose waves already meet the rule
             for chunk, (segment, positions) in sorted(start_positions.items()):
                 submit(chunk, segment, positions)
             for (chunk, segment), result in self._finished(blocks):
                 t = time.perf_counter()
                 self.sink.write(chunk, segment, result)
                 self.timing["writing"] += time.perf_counter() - t + result.get("write_seconds", 0.0)
+                done[chunk] = segment + 1
+                if stop is not None:
+                    stop.add(chunk, segment, result)
                 submit(chunk, segment + 1, result["position"])
                 self.tell("sample_block", chunk, segment, result, len(plan.chunk(chunk)) * len(plan.segment(segment)))
+                if stop is not None and check_waves():
+                    self._drain(blocks)
+                    return stop.waves + 1
         finally:  # what has arrived reaches the sink, also when the run is interrupted
             self._cancel(blocks)
             self.sink.close()
-        self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
+            self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
+        return plan.num_segments
+
+    def _drain(self, blocks: dict) -> None:
+        """Let blocks that are writing to a store finish (a stopped run trims the store next)."""
+        if self.store is None or not blocks:
+            return
+        from distributed import wait
+
+        try:
+            with self.client.as_current():
+                wait([b.future for b in blocks.values()], timeout=self.block_timeout or None)
+        except Exception:  # noqa: BLE001 - their draws are not kept anyway
+            pass
 
     def _cancel(self, blocks: dict) -> None:
         """Cancel blocks still queued or running (a run that ended early leaves no work behind)."""

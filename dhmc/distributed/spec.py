@@ -32,6 +32,8 @@ class RunSpec:
     chains_per_task: int
     draws_per_segment: int
     x64: bool
+    target_ess: float | None = None  # draws="auto": stop once the draws reach it (``draws`` is then max_draws)
+    max_draws: int | None = None  # draws="auto": the most draws; ``draws`` equals it until the run stops
 
     @property
     def plan(self) -> Plan:
@@ -45,10 +47,18 @@ class RunSpec:
                             dense_mass=self.dense_mass)
 
 
+DEFAULT_TARGET_ESS = 1000.0
+DEFAULT_MAX_DRAWS = 10_000
+
+
 def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajectory_length, adapt,
-                  target_accept, chains_per_task) -> dict:
-    """The sampler options, checked and completed (one-line ``ValueError`` naming the problem)."""
-    _check_integer(1, chains=chains, draws=draws)
+                  target_accept, chains_per_task, target_ess=None, max_draws=None) -> dict:
+    """The sampler options, checked and completed (one-line ``ValueError`` naming the problem).
+
+    ``draws="auto"`` becomes ``draws=max_draws`` with ``target_ess`` and ``max_draws`` set.
+    """
+    draws, target_ess, max_draws = _check_draws(draws, target_ess, max_draws)
+    _check_integer(1, chains=chains)
     _check_integer(0, warmup=warmup)
     if chains_per_task is not None:
         _check_integer(1, chains_per_task=chains_per_task)
@@ -73,7 +83,7 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
         raise ValueError("adapt=False needs step_size and num_steps (or trajectory_length)")
     return dict(chains=int(chains), draws=int(draws), warmup=int(warmup), kernel=kernel, step_size=step_size,
                 num_steps=num_steps, trajectory_length=trajectory_length, adapt=bool(adapt),
-                target_accept=float(target_accept))
+                target_accept=float(target_accept), target_ess=target_ess, max_draws=max_draws)
 
 
 def check_kernel_fits(kernel: str, dim: int) -> None:
@@ -83,13 +93,32 @@ def check_kernel_fits(kernel: str, dim: int) -> None:
                          "use kernel='chees'")
 
 
-def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu: bool) -> schema.Layout:
+def _check_draws(draws, target_ess, max_draws) -> tuple[int, float | None, int | None]:
+    """``(draws, target_ess, max_draws)``: an integer ``draws``, or ``"auto"`` with its two options."""
+    if isinstance(draws, str):
+        if draws != "auto":
+            raise ValueError(f"draws must be a positive integer or 'auto', got {draws!r}")
+        max_draws = DEFAULT_MAX_DRAWS if max_draws is None else max_draws
+        target_ess = DEFAULT_TARGET_ESS if target_ess is None else target_ess
+        _check_integer(1, max_draws=max_draws)
+        if isinstance(target_ess, bool) or not isinstance(target_ess, int | float | np.number) or \
+                not 0 < target_ess < math.inf:
+            raise ValueError(f"target_ess must be a positive number, got {target_ess!r}")
+        return int(max_draws), float(target_ess), int(max_draws)
+    if target_ess is not None or max_draws is not None:
+        raise ValueError(f"target_ess and max_draws need draws='auto', got draws={draws!r}")
+    _check_integer(1, draws=draws)
+    return int(draws), None, None
+
+
+def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu: bool,
+               auto: bool = False) -> schema.Layout:
     """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
     chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
     shapes = jax.eval_shape(model.constrain_fn, jax.ShapeDtypeStruct((model.dim,), model.dtype))
     variables = {k: (tuple(v.shape), v.dtype) for k, v in shapes.items()}
     bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in variables.values()) + 4 * 8
-    dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw)
+    dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, auto)
     return schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims, model.coords)
 
 

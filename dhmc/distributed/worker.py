@@ -51,6 +51,7 @@ class Job:
     find_step: bool = False
     executable: str | None = None  # a file holding the driver's compiled program, if any (same machine)
     store: Any = field(default=None, repr=False)  # a storage.zarr_.BlockDestination: the worker writes there
+    head_chains: int = 0  # draws="auto" with a store: return the draws of this many first chains too
 
     def describe(self) -> str:
         """``"sample block (chains 0-15, iterations 100-149)"``."""
@@ -250,6 +251,8 @@ def run_job(job: Job) -> dict:
             start = time.perf_counter()
             result["written"] = job.store.write({**block, "position": end})
             result["write_seconds"] = time.perf_counter() - start
+            if job.head_chains:  # for the driver's stopping rule
+                result["head"] = {k: np.array(v[:job.head_chains]) for k, v in block["posterior"].items()}
     _record(job, n, grad_evals, seconds, compile_seconds, acceptance, divergences)
     return result
 

@@ -1,4 +1,5 @@
-"""A one-line progress report on stderr: blocks done, draws/s across workers, the dashboard link."""
+"""A one-line progress report on stderr: blocks done, draws/s across workers (with ``draws="auto"``:
+min ESS vs target, draws left), the dashboard link."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class Progress:
         self.chain_draws = 0
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self.last = float("-inf")
+        self.auto = ""
 
     def start_run(self, client, run_id: str, plan) -> None:
         """Print the dashboard link; count the blocks to come."""
@@ -37,7 +39,11 @@ class Progress:
         self.done += 1
         self.chain_draws += chain_draws
         rate = self.chain_draws / max(time.perf_counter() - self.start, 1e-9)
-        self._show(f"sampling {self.done}/{self.total} blocks, {rate:,.0f} chain-draws/s")
+        self._show(f"sampling {self.done}/{self.total} blocks, {rate:,.0f} chain-draws/s{self.auto}")
+
+    def convergence_check(self, check: dict) -> None:
+        """``draws="auto"``: the min ESS of the draws so far and the draws it suggests are left."""
+        self.auto = f", min ESS {check['min_ess']:,.0f}/{check['target_ess']:,.0f}, ~{check['remaining']:,} draws left"
 
     def close(self) -> None:
         if self.tty:

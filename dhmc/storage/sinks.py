@@ -4,11 +4,16 @@ Both sinks have one small interface, used by the driver for every finished sampl
 
 * ``destination(chunk, segment)``: what the worker is told to do with its draws (None: send them back);
 * ``write(chunk, segment, result)``: take a finished block's result (draws, or the shapes the worker wrote);
-* ``close()``: called once, when sampling ends or is interrupted.
+* ``close()``: called once, when sampling ends or is interrupted;
+
+and, for ``draws="auto"``, ``head(chunk, segment, chains)`` (a finished block's first chains' draws),
+``checked(waves)`` (waves the stopping rule rejected, for a resume) and ``trim(segments)`` (keep
+only the first segments).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,7 +35,7 @@ class MemorySink:
     def __init__(self, layout: schema.Layout, extra_groups: dict | None = None):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.layout = layout
+        self.layout, self.extra = layout, extra_groups
         self.arrays = {
             group: {name: np.full((layout.chains, layout.draws, *s.shape), schema.fill_value(s.dtype), s.dtype)
                     for name, s in specs.items()}
@@ -53,6 +58,23 @@ class MemorySink:
 
     def close(self) -> None:
         pass
+
+    def head(self, chunk: int, segment: int, chains: int) -> dict:
+        c0, d0 = chunk * self.layout.chains_per_task, segment * self.layout.draws_per_segment
+        return {name: a[c0:c0 + chains, d0:d0 + self.layout.draws_per_segment].copy()
+                for name, a in self.arrays["posterior"].items()}
+
+    def trim(self, segments: int) -> None:
+        """Keep the first ``segments`` segments (copied, so that the arrays for ``max_draws`` are freed)."""
+        from concurrent.futures import Future
+
+        draws = min(segments * self.layout.draws_per_segment, self.layout.draws)
+        self.layout = replace(self.layout, draws=draws)
+        self.arrays = {g: {k: a[:, :draws].copy() for k, a in v.items()} for g, v in self.arrays.items()}
+        self._tree.result()  # the thread's tree (of max_draws draws) is replaced
+
+        self._tree = Future()
+        self._tree.set_result(schema.to_datatree(self.layout, self.arrays, {}, self.extra))
 
     def tree(self, attrs: dict) -> xr.DataTree:
         tree = self._tree.result()
@@ -84,3 +106,16 @@ class StoreSink:
 
     def close(self) -> None:
         pass
+
+    def head(self, chunk: int, segment: int, chains: int) -> dict:
+        from dhmc.storage.zarr_ import read_head
+
+        return read_head(self.root, self.layout, chunk, segment, chains)
+
+    def checked(self, waves: int) -> None:
+        self.root.attrs.update({"dhmc_auto_checked": int(waves)})
+
+    def trim(self, segments: int) -> None:
+        from dhmc.storage.zarr_ import trim
+
+        self.layout = trim(self.root, self.layout, segments)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +185,31 @@ def mark_done(root: zarr.Group, chunk: int, segment: int) -> None:
 def blocks_done(root: zarr.Group) -> np.ndarray:
     """Boolean ``(chunks, segments)``: which blocks are completely on disk."""
     return root[f"{INTERNAL}/done"][...].astype(bool)
+
+
+def read_head(root: zarr.Group, layout: Layout, chunk: int, segment: int, chains: int) -> dict:
+    """``{name: draws}`` of a done block's first ``chains`` chains (for the ``draws="auto"`` rule)."""
+    c0, d0 = chunk * layout.chains_per_task, segment * layout.draws_per_segment
+    d1 = min(d0 + layout.draws_per_segment, layout.draws)
+    return {name: root[f"posterior/{name}"][c0:c0 + chains, d0:d1] for name in layout.posterior}
+
+
+def trim(root: zarr.Group, layout: Layout, segments: int) -> Layout:
+    """Cut a store to its first ``segments`` segments (arrays, done flags, layout); return the new layout.
+
+    Zarr deletes the chunks beyond the new shapes, so the store is a complete one of fewer draws.
+    """
+    draws = min(segments * layout.draws_per_segment, layout.draws)
+    for group, specs in layout.groups().items():
+        for name, spec in specs.items():
+            root[f"{group}/{name}"].resize((layout.chains, draws, *spec.shape))
+        root[f"{group}/draw"].resize((draws,))
+    root[f"{INTERNAL}/done"].resize((layout.num_chunks, segments))
+    position = root[f"{INTERNAL}/position"]
+    position.resize((layout.chains, segments, position.shape[2]))
+    new = replace(layout, draws=draws)
+    root.attrs.update({"dhmc_layout": _layout_to_json(new)})
+    return new
 
 
 def segment_start_positions(root: zarr.Group, segment: int, chains: slice) -> np.ndarray:

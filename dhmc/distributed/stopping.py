@@ -1,0 +1,131 @@
+"""The stopping rule of ``draws="auto"``: bulk and tail ESS and nested R-hat of the draws so far.
+
+After every complete wave of segments (all chunks have finished segment ``s``) the driver looks at
+the first :func:`head_chains` chains of every chunk, over all draws so far, and stops when every
+scalar parameter's bulk and tail ESS (ArviZ's, scaled from the chains looked at to the whole
+ensemble) reach ``target_ess`` and the largest nested R-hat (superchains: the chunks) is below
+:data:`RHAT_MAX`. The decision depends only on the draws, so it is as deterministic as they are.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dhmc.distributed.plan import Plan
+
+RHAT_MAX = 1.01
+HEAD_CHAINS = 64  # chains of each chunk the rule looks at ...
+MAX_CHAINS = 256  # ... and about this many in all, whatever the ensemble's size
+
+
+def nested_rhat(draws: np.ndarray, superchains: int):
+    """Nested R-hat (Margossian et al. 2024) of ``draws`` with shape ``(chains, draws, ...)``.
+
+    Chains are grouped in order into ``superchains`` groups of equal size. It stays meaningful for
+    many short chains, where split R-hat needs long ones. A float for 2-d ``draws``, else an array
+    over the trailing dims.
+    """
+    chains, n = draws.shape[:2]
+    if superchains < 2 or chains % superchains:
+        raise ValueError(f"{chains} chains cannot be split into {superchains} superchains of equal size")
+    x = np.asarray(draws, float).reshape(superchains, chains // superchains, n, *draws.shape[2:])
+    chain_means = x.mean(axis=2)
+    between = chain_means.mean(axis=1).var(axis=0, ddof=1)
+    m = x.shape[1]
+    zeros = np.zeros_like(chain_means[:, 0])
+    between_chains = chain_means.var(axis=1, ddof=1) if m > 1 else zeros
+    within_chains = x.var(axis=2, ddof=1).mean(axis=1) if n > 1 else zeros
+    within = (between_chains + within_chains).mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rhat = np.where(within > 0, np.sqrt(1.0 + between / within), np.nan)
+    return float(rhat) if rhat.ndim == 0 else rhat
+
+
+def head_chains(plan: Plan) -> int:
+    """Chains per chunk the rule looks at: the first ``min(64, smallest chunk, 256 / chunks)``, at least 1."""
+    smallest = len(plan.chunk(plan.num_chunks - 1))
+    return max(1, min(HEAD_CHAINS, smallest, MAX_CHAINS // plan.num_chunks))
+
+
+def remaining(draws: int, min_ess: float, target_ess: float, max_draws: int) -> int:
+    """Draws still to go, extrapolated linearly from the ESS so far (capped at ``max_draws``)."""
+    if min_ess >= target_ess:
+        return 0
+    if not min_ess > 0:
+        return max_draws - draws
+    return int(min(math.ceil(draws * (target_ess / min_ess - 1)), max_draws - draws))
+
+
+class Stopping:
+    """The rule's state in one run: the chains looked at, block by block, and the waves checked.
+
+    Parameters
+    ----------
+    spec
+        The run's ``RunSpec`` (``target_ess`` set; ``draws`` is ``max_draws``).
+    sink
+        Its sink, read (``head``) for blocks finished before this run (a resume).
+    checked
+        Waves an earlier run already checked, none of which met the rule.
+    """
+
+    def __init__(self, spec, sink, checked: int = 0):
+        self.spec, self.plan, self.sink = spec, spec.plan, sink
+        self.k = head_chains(self.plan)
+        self.heads: dict[tuple[int, int], dict] = {}
+        self.waves, self.stopped, self.last = checked, False, None
+
+    def add(self, chunk: int, segment: int, result: dict) -> None:
+        """Keep a finished block's first chains (the worker's ``head``, or its draws)."""
+        head = result.get("head") or result.get("posterior")
+        if head is not None:
+            self.heads[chunk, segment] = {name: np.array(v[:self.k]) for name, v in head.items()}
+
+    def check(self, wave: int) -> dict:
+        """Apply the rule to the first ``wave`` segments; return what observers are told."""
+        plan = self.plan
+        parts = []
+        for chunk in range(plan.num_chunks):
+            blocks = [self._head(chunk, s) for s in range(wave)]
+            parts.append({name: np.concatenate([b[name] for b in blocks], axis=1) for name in blocks[0]})
+        draws = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        min_ess, max_rhat = self._measure(draws, plan.num_chunks)
+        n = min(wave * plan.draws_per_segment, plan.draws)
+        converged = min_ess >= self.spec.target_ess and max_rhat < RHAT_MAX
+        self.last = {"draws": n, "min_ess": min_ess, "max_rhat": max_rhat, "target_ess": self.spec.target_ess,
+                     "max_draws": plan.draws, "converged": converged,
+                     "remaining": remaining(n, min_ess, self.spec.target_ess, plan.draws)}
+        if converged:
+            self.stopped = True
+        else:
+            self.waves = wave
+            getattr(self.sink, "checked", lambda wave: None)(wave)
+        return self.last
+
+    def _head(self, chunk: int, segment: int) -> dict:
+        if (chunk, segment) not in self.heads:
+            self.heads[chunk, segment] = self.sink.head(chunk, segment, self.k)
+        return self.heads[chunk, segment]
+
+    def _measure(self, draws: dict, chunks: int) -> tuple[float, float]:
+        """``(min ESS scaled to the ensemble, max nested R-hat)`` over every scalar parameter.
+
+        A scalar whose ESS or R-hat is undefined (constant draws) is left out; no ESS at all counts as 0.
+        """
+        import arviz as az
+        import xarray as xr
+
+        used = next(iter(draws.values())).shape[0]
+        data = xr.Dataset({name: (("chain", "draw", *[f"{name}_dim_{i}" for i in range(v.ndim - 2)]), v)
+                           for name, v in draws.items()})
+        ess = [np.asarray(az.ess(data, method=m)[name].values, float).ravel()
+               for m in ("bulk", "tail") for name in draws]
+        ess = np.concatenate(ess)
+        min_ess = float(np.nanmin(ess)) * self.spec.chains / used if np.isfinite(ess).any() else 0.0
+        groups = chunks if chunks >= 2 else next((g for g in (4, 2) if used >= 2 * g), 0)
+        if not groups:
+            return min_ess, 1.0
+        rhats = np.concatenate([np.ravel(nested_rhat(v[:used - used % groups], groups)) for v in draws.values()])
+        return min_ess, float(np.nanmax(rhats)) if np.isfinite(rhats).any() else 1.0
