@@ -65,7 +65,7 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
     if target_accept is None:
-        target_accept = 0.9 if kernel == "mams" else 0.8  # MAMS's optimum is higher (Robnik et al. 2025, sec. 4)
+        target_accept = 0.9 if kernel == "mams" else 0.8  # MAMS works best at a higher acceptance (Robnik et al. 2025)
     if not 0.0 < target_accept < 1.0:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
     if step_size is not None and not step_size > 0:
