@@ -21,7 +21,6 @@ from dhmc.types import Array, LogDensityFn
 
 KERNELS = ("chees", "hmc", "mams")
 JITTERED = ("chees", "mams")  # trajectory lengths u * T, T adapted by ChEES
-FIRST_ROUND_MAX_STEPS = 32  # adaptive warmup's first round (no mass matrix yet): at most this many steps
 MAMS_MAX_LENGTH = 3.0  # MAMS trajectories at most 3 sqrt(d) whitened units: see max_trajectory_length
 
 
@@ -194,10 +193,6 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
     def run(keys, positions, params: Params, first_iteration, num_iterations, adapt, collect_mass, find_step):
         states = init_states(logdensity_fn, positions)
         dim = positions.shape[1]
-        # before any mass matrix, ChEES on a badly scaled target asks for hundreds of tiny steps a draw
-        # (kidiq: 75% of all warmup gradients in the first 15% of warmup); the first round only has to
-        # bring the chains to the typical set and estimate the mass matrix
-        max_steps = jnp.where(adapt & (first_iteration == 0), FIRST_ROUND_MAX_STEPS, config.max_num_steps)
         eps0 = jax.lax.cond(
             find_step | (params.step_size <= 0),
             lambda: find_step_size(logdensity_fn, states, params.inverse_mass_matrix, config),
@@ -212,8 +207,7 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
         def body(i, carry):
             states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = carry
             eps = jnp.exp(da_state.log_step_size)
-            length = jnp.clip(jnp.exp(ch_state.log_length), eps,
-                              jnp.minimum(max_trajectory_length(config, dim, eps), max_steps * eps))
+            length = jnp.clip(jnp.exp(ch_state.log_length), eps, max_trajectory_length(config, dim, eps))
             p = Params(eps, params.inverse_mass_matrix, length)
             iteration = first_iteration + i
             start = states.position
