@@ -10,13 +10,14 @@ import importlib
 
 __version__ = "0.1.0"
 
-_LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",
+_LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "extend": "dhmc.api", "numpyro_model": "dhmc.models.numpyro_",
+         "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",
          "diagnostics": "dhmc.diagnostics", "WorkerCrashError": "dhmc.errors",
          "NoWorkersError": "dhmc.errors", "BlockTimeoutError": "dhmc.errors", "StoreLockedError": "dhmc.errors",
          "ModelMismatchError": "dhmc.errors"}
 
-__all__ = ["sample", "resume", "open_trace", "models", "diagnostics", "WorkerCrashError", "NoWorkersError",
-           "BlockTimeoutError", "StoreLockedError", "ModelMismatchError", "__version__"]
+__all__ = ["sample", "resume", "extend", "numpyro_model", "open_trace", "models", "diagnostics", "WorkerCrashError",
+           "NoWorkersError", "BlockTimeoutError", "StoreLockedError", "ModelMismatchError", "__version__"]
 
 
 def __getattr__(name: str):

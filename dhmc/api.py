@@ -6,24 +6,23 @@ where they are first needed, in the threads that start the cluster and assemble 
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
+import numpy as np
 
+from dhmc.distributed.continuation import continued_run
 from dhmc.distributed.driver import RunContext, drive
-from dhmc.distributed.spec import RunSpec, check_kernel_fits, check_options, layout_for
+from dhmc.distributed.spec import RunSpec, adapted_options, check_kernel_fits, check_options, layout_for, run_attrs
 from dhmc.distributed.startup import Startup
-from dhmc.models.fingerprint import fingerprint, versions
-from dhmc.models.resolve import initial_positions, resolve_target
+from dhmc.models.reference import is_reference
+from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_log_likelihood
 
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["sample", "resume"]
+__all__ = ["sample", "resume", "extend"]
 
 
 def sample(
@@ -51,6 +50,11 @@ def sample(
     cluster_options: dict | None = None,
     target_ess: float | None = None,
     max_draws: int | None = None,
+    thinning: int = 1,
+    log_likelihood: bool = False,
+    dims: dict | None = None,
+    coords: dict | None = None,
+    adapted_from: str | Path | None = None,
 ) -> xr.DataTree:
     """Sample an ensemble of HMC chains on a Dask cluster.
 
@@ -62,9 +66,11 @@ def sample(
     init
         For a log density: one chain's position (jittered per chain by U(-0.5, 0.5)) or a pytree
         with a leading axis of length ``chains``. For a NumPyro model: optional; by default chains
-        start uniformly in [-2, 2] in unconstrained space.
-    chains, draws, warmup, seed
-        Ensemble size, draws kept per chain (or ``"auto"``), adaptation iterations, random seed.
+        start uniformly in [-2, 2] in unconstrained space; give a dict of site values or a NumPyro init
+        strategy (``init_to_median()``) to start near its point.
+    chains, draws, warmup, seed, thinning
+        Ensemble size, draws kept per chain (or ``"auto"``), adaptation iterations, random seed; a
+        draw is kept every ``thinning`` transitions.
     kernel
         ``"chees"`` (HMC, jittered trajectories of ChEES-adapted length), ``"mams"`` (Metropolis-adjusted
         microcanonical dynamics, same adaptation; needs two or more dimensions) or ``"hmc"`` (fixed steps).
@@ -88,23 +94,40 @@ def sample(
     target_ess, max_draws
         With ``draws="auto"``: sample segment by segment until every scalar's bulk and tail ESS reach
         ``target_ess`` (1000) and nested R-hat is below 1.01, or ``max_draws`` (10000) draws.
+    log_likelihood
+        For a NumPyro model: store each observed site's pointwise log-likelihood in a ``log_likelihood``
+        group (for ``arviz.loo``/``waic``; chains x draws x observations values).
+    dims, coords
+        Names of a variable's axes (``{"theta": ["school"]}``) and a dim's coordinates
+        (``{"school": [...]}``), on top of those NumPyro plates give.
+    adapted_from
+        A store whose adapted step size, trajectory length and mass matrix this run takes (its warmup,
+        if any, then only moves the chains).
 
     Returns
     -------
     xarray.DataTree
-        Groups ``posterior``, ``sample_stats`` (and ``observed_data``), dims ``(chain, draw, ...)``.
+        Groups ``posterior``, ``sample_stats`` (and ``observed_data``, ``log_likelihood``), dims
+        ``(chain, draw, ...)``.
     """
     options = check_options(chains=chains, draws=draws, warmup=warmup, kernel=kernel, step_size=step_size,
                             num_steps=num_steps, trajectory_length=trajectory_length, adapt=adapt,
                             target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
-                            max_draws=max_draws)
+                            max_draws=max_draws, thinning=thinning)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
-    model = resolved.build()
+    if log_likelihood:
+        resolved = with_log_likelihood(resolved, name)
+    model = with_labels(resolved.build(), dims, coords)
     check_kernel_fits(options["kernel"], model.dim)
+    params = None
+    if adapted_from is not None:
+        options, params = adapted_options(adapted_from, options, model.dim)
+        dense_mass = params["inverse_mass_matrix"].ndim == 2
     layout = layout_for(model, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
                         auto=options["target_ess"] is not None)
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=layout.chains_per_task,
-                   draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64), **options)
+                   draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
+                   log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from), **options)
     if store is not None:
         from dhmc.storage import zarr_
 
@@ -115,8 +138,9 @@ def sample(
     except BaseException:
         startup.abandon()
         raise
-    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=_attrs(spec, model, store),
-                     positions=positions, store=store, overwrite=overwrite, observers=_observers(progress))
+    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=run_attrs(spec, model, store),
+                     positions=positions, store=store, overwrite=overwrite, observers=_observers(progress),
+                     inputs=_inputs(target, model_kwargs, init), params=params)
     return drive(run, startup)
 
 
@@ -129,59 +153,28 @@ def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = ()
     A model or data other than the store's, or another dhmc or JAX version, raises
     :class:`~dhmc.errors.ModelMismatchError` unless ``force=True``.
     """
-    from dhmc.storage import zarr_
-    from dhmc.storage.lock import check_free
-
-    root, layout = zarr_.open_store(path)
-    check_free(path)  # another run writing it: refused before any cluster starts
-    try:
-        spec = RunSpec(**json.loads(root.attrs["dhmc_run_spec"]))
-    except Exception as e:  # noqa: BLE001
-        raise zarr_.StoreError(f"store {path} is broken: unreadable run spec ({e})") from None
-    if spec.x64 and not jax.config.jax_enable_x64:
-        jax.config.update("jax_enable_x64", True)
-    if target is None:
-        if spec.model.startswith("python:"):
-            raise ValueError(f"the run in {path} sampled the Python function {spec.model[7:]!r}; resume it from "
-                             "Python: dhmc.resume(path, target=<the same function>, init=<the same init>)")
-        target = spec.model
-    resolved, _, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
-    model = resolved.build()
-    if not force:
-        _check_same_run(path, root.attrs, model)
-    attrs = {k: root.attrs[k] for k in ("created_at", "inference_library", "inference_library_version",
-                                        "dhmc_run_spec", "dhmc_fingerprint", "dhmc_versions") if k in root.attrs}
-    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=attrs, store=path, resume=True,
-                     observers=_observers(progress))
-    return drive(run, Startup(spec, model, cluster, cluster_options))
+    run = continued_run(path, target=target, init=init, model_args=model_args, model_kwargs=model_kwargs,
+                        force=force, observers=_observers(progress))
+    return drive(run, Startup(run.spec, run.model, cluster, cluster_options))
 
 
-def _attrs(spec: RunSpec, model, store) -> dict:
-    """The result's attributes; a store's also fingerprint the model (10-100 ms), for ``resume`` to check."""
-    from dhmc import __version__
+def extend(path, draws: int, cluster=None, *, target=None, init=None, model_args: tuple = (),
+           model_kwargs: dict | None = None, progress: bool = True, cluster_options: dict | None = None,
+           force: bool = False) -> xr.DataTree:
+    """Add ``draws`` draws per chain to a finished run in its store, from where its chains ended.
 
-    identity = {"dhmc_fingerprint": fingerprint(model), "dhmc_versions": versions()} if store is not None else {}
-    return {
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "inference_library": "dhmc",
-        "inference_library_version": __version__,
-        "dhmc_run_spec": json.dumps(asdict(spec)),
-        **identity,
-    }
+    The result is bitwise identical to one run of the total length; the options are :func:`resume`'s.
+    """
+    run = continued_run(path, target=target, init=init, model_args=model_args, model_kwargs=model_kwargs,
+                        force=force, more_draws=draws, observers=_observers(progress))
+    return drive(run, Startup(run.spec, run.model, cluster, cluster_options))
 
 
-def _check_same_run(path, attrs, model) -> None:
-    """Refuse to continue a store with another model, data, dhmc or JAX version than its run's."""
-    from dhmc.errors import ModelMismatchError
-
-    stored = dict(attrs.get("dhmc_versions") or {})
-    changed = [f"{k} {stored[k]} -> {v}" for k, v in versions().items() if k in stored and stored[k] != v]
-    if changed:
-        raise ModelMismatchError(f"the run in {path} was made with other versions ({', '.join(changed)}): its "
-                                 "draws would not continue bitwise; pass force=True (--force) to resume anyway")
-    if attrs.get("dhmc_fingerprint") not in (None, fingerprint(model)):
-        raise ModelMismatchError(f"the run in {path} sampled another model or other data than the one given "
-                                 "(their fingerprints differ); pass force=True (--force) to resume anyway")
+def _inputs(target, model_kwargs, init) -> dict | None:
+    """A referenced model's numeric keyword data and init, kept in its store so that a resume needs neither."""
+    numeric = lambda d: {k: v for k, v in (d if isinstance(d, dict) else {}).items()
+                         if np.asarray(v).dtype.kind in "biuf"}
+    return {"model_kwargs": numeric(model_kwargs), "init": numeric(init)} if is_reference(target) else None
 
 
 def _observers(progress: bool) -> tuple:

@@ -32,13 +32,21 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dhmc", description="Dask-distributed ensemble HMC.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("sample", help="sample a built-in model into a Zarr store")
-    s.add_argument("model", help="a built-in model name (see `dhmc models`)")
+    s = sub.add_parser("sample", help="sample a built-in or your own model into a Zarr store")
+    s.add_argument("model", help="a built-in model name (see `dhmc models`), or pkg.module:function naming a JAX "
+                                 "log density or a NumPyro model (the working directory is importable)")
+    s.add_argument("--data", default=None, metavar="FILE",
+                   help=".npz or .json: keyword arguments of the model (a log density gets them bound)")
+    s.add_argument("--init", default=None, metavar="FILE",
+                   help=".npz or .json: one chain's position (a log density: required) or NumPyro site values")
+    s.add_argument("--log-likelihood", action="store_true",
+                   help="NumPyro models: store the pointwise log-likelihood (for arviz.loo)")
     s.add_argument("--chains", type=int, default=1024)
     s.add_argument("--draws", type=_draws, default=1000, help="draws per chain, or auto: until --target-ess")
     s.add_argument("--target-ess", type=float, default=None, help="with --draws auto: bulk and tail ESS (1000)")
     s.add_argument("--max-draws", type=int, default=None, help="with --draws auto: at most this many (10000)")
     s.add_argument("--warmup", type=int, default=1000)
+    s.add_argument("--thinning", type=int, default=1, help="keep a draw every N transitions")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--chains-per-task", type=int, default=None)
     s.add_argument("--kernel", default="chees", help="chees (default), mams or hmc")
@@ -57,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true",
                    help="resume even with another model, data, dhmc or JAX version than the store's run")
     _cluster_args(r)
+
+    e = sub.add_parser("extend", help="add draws to a finished run, bitwise as one longer run")
+    e.add_argument("store")
+    e.add_argument("--draws", type=int, required=True, help="draws per chain to add")
+    e.add_argument("--force", action="store_true", help="as for resume")
+    _cluster_args(e)
 
     m = sub.add_parser("summary", help="diagnostics of a store: means, R-hat, ESS, divergences")
     m.add_argument("store")
@@ -108,8 +122,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sample(args) -> int:
     import dhmc
+    from dhmc.models.reference import is_reference, read_inputs
 
-    trace = dhmc.sample(args.model, chains=args.chains, draws=args.draws, warmup=args.warmup, seed=args.seed,
+    if (args.data or args.init) and not is_reference(args.model):
+        raise ValueError(f"--data and --init need a model given as pkg.module:function, got {args.model!r}")
+    data = read_inputs(args.data, "data") if args.data else {}
+    init = read_inputs(args.init, "init") if args.init else None
+    trace = dhmc.sample(args.model, model_kwargs=data, init=init, log_likelihood=args.log_likelihood,
+                        thinning=args.thinning,
+                        chains=args.chains, draws=args.draws, warmup=args.warmup, seed=args.seed,
                         kernel=args.kernel, step_size=args.step_size, num_steps=args.num_steps,
                         trajectory_length=args.trajectory_length, adapt=args.adapt, dense_mass=args.dense_mass,
                         target_accept=args.target_accept, chains_per_task=args.chains_per_task, store=args.out,
@@ -123,6 +144,15 @@ def _resume(args) -> int:
     import dhmc
 
     trace = dhmc.resume(args.store, cluster=args.cluster, cluster_options=dict(args.cluster_option),
+                        progress=args.progress, force=args.force)
+    _print_result(trace, args.store)
+    return 0
+
+
+def _extend(args) -> int:
+    import dhmc
+
+    trace = dhmc.extend(args.store, args.draws, cluster=args.cluster, cluster_options=dict(args.cluster_option),
                         progress=args.progress, force=args.force)
     _print_result(trace, args.store)
     return 0
@@ -183,7 +213,8 @@ def _scale(args) -> int:
     return 0
 
 
-_COMMANDS = {"sample": _sample, "resume": _resume, "summary": _summary, "models": _models, "scale": _scale}
+_COMMANDS = {"sample": _sample, "resume": _resume, "extend": _extend, "summary": _summary, "models": _models,
+             "scale": _scale}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,6 +39,7 @@ class KernelConfig:
     target_accept: float = 0.8
     dense_mass: bool = False
     divergence_threshold: float | None = None  # None: 1000 for HMC (Stan's), 20 for MAMS (see build_kernel)
+    thinning: int = 1  # sampling keeps every ``thinning``-th transition (warmup ignores it)
 
 
 class Params(NamedTuple):
@@ -134,14 +135,27 @@ def sample_chunk(logdensity_fn: LogDensityFn, config: KernelConfig, num_draws: i
 
     ``trace`` holds the flat positions ``(chains, draws, d)`` and the per-draw ``sample_stats``
     (``lp``, ``acceptance_rate``, ``diverging``, ``energy``, ``n_steps``, ``step_size``), each with
-    leading axes ``(chains, draws)``.
+    leading axes ``(chains, draws)``. With ``config.thinning = k`` a draw is every ``k``-th
+    transition (iterations ``first_iteration + k * draw + j``): its ``n_steps`` and ``diverging``
+    cover the ``k`` transitions, its ``acceptance_rate`` is their mean.
     """
+    thin = config.thinning
 
     def run(keys, positions, params: Params, first_iteration):
         states = init_states(logdensity_fn, positions)
 
+        def transition(states, iteration):
+            if thin == 1:
+                return _transition(logdensity_fn, config, keys, states, params, iteration)
+            states, infos = jax.lax.scan(
+                lambda s, j: _transition(logdensity_fn, config, keys, s, params, iteration + j), states,
+                jnp.arange(thin))
+            last = jax.tree.map(lambda a: a[-1], infos)
+            return states, last._replace(acceptance_rate=infos.acceptance_rate.mean(0),
+                                         diverging=infos.diverging.any(0), n_steps=infos.n_steps.sum(0))
+
         def body(states, i):
-            states, info = _transition(logdensity_fn, config, keys, states, params, first_iteration + i)
+            states, info = transition(states, first_iteration + (i if thin == 1 else thin * i))
             stats = {
                 "lp": states.logdensity,
                 "acceptance_rate": info.acceptance_rate,

@@ -41,6 +41,8 @@ class RunContext:
     overwrite: bool = False
     resume: bool = False  # continue the blocks already in ``store``
     observers: tuple = field(default=())  # see Runner: told as blocks finish
+    inputs: dict | None = None  # a referenced model's data and init, kept in the store for a resume
+    params: dict | None = None  # adapted parameters to start from (``adapted_from``); None: from the spec
 
 
 def drive(run: RunContext, startup: Startup):
@@ -69,7 +71,7 @@ def drive(run: RunContext, startup: Startup):
             return sink.tree(attrs)
         from dhmc.storage import zarr_
 
-        for node in ("", "posterior", "sample_stats", "observed_data"):
+        for node in ("", *run.layout.groups(), "observed_data"):
             if not node or node in root:
                 (root[node] if node else root).attrs.update(attrs)
         return zarr_.open_trace(run.store)
@@ -94,16 +96,20 @@ def _lock(store, run_id: str):
 def _open_sink(run: RunContext, run_id: str):
     from dhmc.storage.sinks import MemorySink, StoreSink
 
+    observed = {k: (schema.observed_dims(k, v, run.model.dims), v) for k, v in run.model.observed_data.items()}
     if run.store is None:
-        extra = {"observed_data": run.model.observed_data} if run.model.observed_data else None
-        return None, MemorySink(run.layout, extra)
+        return None, MemorySink(run.layout, {"observed_data": observed} if observed else None)
     from dhmc.storage import zarr_
 
     if run.resume:
         root, _ = zarr_.open_store(run.store)
     else:
-        root = zarr_.create_store(run.store, run.layout, run.model.dim, run.model.dtype, run.attrs,
-                                  run.model.observed_data, run.overwrite)
+        root = zarr_.create_store(run.store, run.layout, run.model.dim, run.model.dtype, run.attrs, observed,
+                                  run.overwrite)
+        if run.inputs:
+            zarr_.save_inputs(root, run.inputs)
+        if run.params is not None:
+            zarr_.save_initial_params(root, run.params)
     path = str(run.store) if "://" in str(run.store) else os.path.abspath(run.store)  # as workers will see it
     return root, StoreSink(root, path, run.layout, run_id)
 
@@ -119,7 +125,7 @@ def _warmup(run: RunContext, runner: Runner, root):
     positions = run.positions
     if positions is None:  # a resume before warmup finished starts again, deterministically
         positions = initial_positions(model, spec.model, None, spec.seed, spec.chains)
-    params = initial_params(spec, model.dim, model.dtype)
+    params = run.params if run.params is not None else initial_params(spec, model.dim, model.dtype)
     positions, params, history = runner.warmup(positions, params) if spec.warmup else (positions, params, [])
     if root is not None:
         zarr_.save_warmup(root, positions, params, history)

@@ -287,8 +287,9 @@ class Runner:
                 held[chunk] = (segment, positions)
                 return
             draws = plan.segment(segment)
-            job = self._job("sample", chunk, spec.warmup + draws.start, plan.draws_per_segment, positions,
-                            params, keep_draws=len(draws), store=self.sink.destination(chunk, segment),
+            first = spec.warmup + draws.start * spec.thinning
+            job = self._job("sample", chunk, first, plan.draws_per_segment, positions, params, keep_draws=len(draws),
+                            store=self.sink.destination(chunk, segment),
                             head_chains=stop.k if stop is not None and self.store is not None else 0)
             blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 
 import jax
 import numpy as np
@@ -34,6 +36,9 @@ class RunSpec:
     x64: bool
     target_ess: float | None = None  # draws="auto": stop once the draws reach it (``draws`` is then max_draws)
     max_draws: int | None = None  # draws="auto": the most draws; ``draws`` equals it until the run stops
+    log_likelihood: bool = False  # a NumPyro model's pointwise log-likelihood is stored too
+    thinning: int = 1  # a kept draw every ``thinning`` transitions
+    adapted_from: str | None = None  # the store whose adapted parameters the run started from
 
     @property
     def plan(self) -> Plan:
@@ -44,7 +49,7 @@ class RunSpec:
         from dhmc.core.ensemble import KernelConfig
 
         return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
-                            dense_mass=self.dense_mass)
+                            dense_mass=self.dense_mass, thinning=self.thinning)
 
 
 DEFAULT_TARGET_ESS = 1000.0
@@ -52,7 +57,7 @@ DEFAULT_MAX_DRAWS = 10_000
 
 
 def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajectory_length, adapt,
-                  target_accept, chains_per_task, target_ess=None, max_draws=None) -> dict:
+                  target_accept, chains_per_task, target_ess=None, max_draws=None, thinning=1) -> dict:
     """The sampler options, checked and completed (one-line ``ValueError`` naming the problem).
 
     ``draws="auto"`` becomes ``draws=max_draws`` with ``target_ess`` and ``max_draws`` set.
@@ -60,6 +65,7 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     draws, target_ess, max_draws = _check_draws(draws, target_ess, max_draws)
     _check_integer(1, chains=chains)
     _check_integer(0, warmup=warmup)
+    _check_integer(1, thinning=thinning)
     if chains_per_task is not None:
         _check_integer(1, chains_per_task=chains_per_task)
     if kernel not in KERNELS:
@@ -83,7 +89,26 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
         raise ValueError("adapt=False needs step_size and num_steps (or trajectory_length)")
     return dict(chains=int(chains), draws=int(draws), warmup=int(warmup), kernel=kernel, step_size=step_size,
                 num_steps=num_steps, trajectory_length=trajectory_length, adapt=bool(adapt),
-                target_accept=float(target_accept), target_ess=target_ess, max_draws=max_draws)
+                target_accept=float(target_accept), target_ess=target_ess, max_draws=max_draws,
+                thinning=int(thinning))
+
+
+def adapted_options(path, options: dict, dim: int) -> tuple[dict, dict]:
+    """``(options, params)`` of a run that starts from the adapted parameters of the store at ``path``.
+
+    Its warmup (if any) only moves the chains: no adaptation; the mass matrix is dense if the store's is.
+    """
+    from dhmc.storage import zarr_
+
+    params = zarr_.adapted_params(path)
+    if params["inverse_mass_matrix"].shape[0] != dim:
+        raise ValueError(f"adapted_from={str(path)!r} holds a mass matrix for {params['inverse_mass_matrix'].shape[0]} "
+                         f"dimensions, the model has {dim}")
+    step, length = float(params["step_size"]), float(params["trajectory_length"])
+    options = dict(options, adapt=False, step_size=step, trajectory_length=length if length > 0 else None)
+    if options["kernel"] == "hmc" and options["num_steps"] is None and length <= 0:
+        raise ValueError(f"adapted_from={str(path)!r} holds no trajectory length: give num_steps")
+    return options, params
 
 
 def check_kernel_fits(kernel: str, dim: int) -> None:
@@ -115,11 +140,14 @@ def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu:
                auto: bool = False) -> schema.Layout:
     """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
     chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
-    shapes = jax.eval_shape(model.constrain_fn, jax.ShapeDtypeStruct((model.dim,), model.dtype))
-    variables = {k: (tuple(v.shape), v.dtype) for k, v in shapes.items()}
-    bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in variables.values()) + 4 * 8
+    position = jax.ShapeDtypeStruct((model.dim,), model.dtype)
+    shapes = lambda fn: {k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(fn, position).items()}
+    variables = shapes(model.constrain_fn)
+    pointwise = shapes(model.log_likelihood_fn) if model.log_likelihood_fn is not None else {}
+    bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in [*variables.values(), *pointwise.values()]) + 4 * 8
     dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, auto)
-    return schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims, model.coords)
+    return schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims, model.coords,
+                              pointwise, model.observed_data)
 
 
 def _check_integer(low: int, **values) -> None:
@@ -127,3 +155,18 @@ def _check_integer(low: int, **values) -> None:
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
             kind = "a positive" if low == 1 else "a non-negative"
             raise ValueError(f"{key} must be {kind} integer, got {value!r}")
+
+
+def run_attrs(spec: RunSpec, model, store) -> dict:
+    """The result's attributes; a store's also fingerprint the model (10-100 ms), for ``resume`` to check."""
+    from dhmc import __version__
+    from dhmc.models.fingerprint import fingerprint, versions
+
+    identity = {"dhmc_fingerprint": fingerprint(model), "dhmc_versions": versions()} if store is not None else {}
+    return {
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "inference_library": "dhmc",
+        "inference_library_version": __version__,
+        "dhmc_run_spec": json.dumps(asdict(spec)),
+        **identity,
+    }

@@ -74,11 +74,13 @@ def pickle_target(target) -> tuple[bytes, str]:
     Workers may not be able to import a module that lives beside the user's script, so every
     module outside the installed libraries that defines the target's functions is pickled by value.
     """
-    library = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], sys.prefix + "/lib")
+    paths = sysconfig.get_paths()
+    library = (paths["purelib"], paths["platlib"], paths["stdlib"], sys.prefix + "/lib")
     modules = []
     for fn in (getattr(target, "logdensity_fn", None), getattr(target, "model", None),
                getattr(getattr(target, "target", None), "logdensity_fn", None),
                getattr(getattr(target, "target", None), "model", None)):
+        fn = getattr(fn, "func", fn)  # a functools.partial binding data: its function's module
         name = getattr(fn, "__module__", None)
         module = sys.modules.get(name) if name else None
         path = getattr(module, "__file__", None) or ""

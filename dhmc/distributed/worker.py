@@ -55,7 +55,8 @@ class Job:
 
     def describe(self) -> str:
         """``"sample block (chains 0-15, iterations 100-149)"``."""
-        last = self.first_iteration + self.num_iterations - 1
+        span = self.num_iterations * (self.config.thinning if self.phase == "sample" else 1)
+        last = self.first_iteration + span - 1
         return (f"{self.phase} block (chains {self.chain_start}-{self.chain_stop - 1}, iterations "
                 f"{self.first_iteration}-{last})")
 
@@ -141,8 +142,10 @@ def build_program(model, config: KernelConfig, phase: str, num_iterations: int):
     def program(seed, chains, positions, params, first):
         end, trace = run(chain_keys(seed, chains), positions, params, first)
         position = trace.pop("position")
-        constrained = jax.vmap(jax.vmap(model.constrain_fn))(position)
-        return end, {"posterior": constrained, "sample_stats": trace}
+        groups = {"posterior": jax.vmap(jax.vmap(model.constrain_fn))(position), "sample_stats": trace}
+        if model.log_likelihood_fn is not None:
+            groups["log_likelihood"] = jax.vmap(jax.vmap(model.log_likelihood_fn))(position)
+        return end, groups
 
     return program
 
@@ -239,7 +242,7 @@ def run_job(job: Job) -> dict:
         grad_evals, acceptance, divergences = int(out.grad_evals), float(out.acceptance_rate), int(out.divergences)
     else:
         kept = job.keep_draws
-        block = {group: {k: v[:, :kept] for k, v in out[group].items()} for group in ("posterior", "sample_stats")}
+        block = {group: {k: v[:, :kept] for k, v in values.items()} for group, values in out.items()}
         stats = block["sample_stats"]
         grad_evals = int(stats["n_steps"][0].sum()) * n
         acceptance = float(stats["acceptance_rate"].mean())

@@ -33,6 +33,12 @@ class FlatModel:
         Floating dtype of the position.
     centre, radius
         Chains start at ``centre + U(-radius, radius)`` unless an explicit init is given.
+    observed_data, constant_data
+        Arrays for ArviZ's groups of those names.
+    dims, coords
+        Names of each variable's axes beyond ``(chain, draw)``, and the coordinates of named dims.
+    log_likelihood_fn
+        Flat position -> dict of each observed site's pointwise log-likelihood, or None.
     """
 
     logdensity_fn: Callable[[Array], Array]
@@ -45,6 +51,7 @@ class FlatModel:
     constant_data: dict[str, np.ndarray] = field(default_factory=dict)
     dims: dict[str, list[str]] = field(default_factory=dict)
     coords: dict[str, list] = field(default_factory=dict)
+    log_likelihood_fn: Callable[[Array], dict[str, Array]] | None = None
 
 
 class Target(Protocol):

@@ -81,7 +81,11 @@ class _Labelled:
         self.target, self.dims, self.coords, self.name = target, dims, coords, target.name
 
     def build(self) -> FlatModel:
-        return replace(self.target.build(), dims=self.dims, coords=self.coords)
+        model = self.target.build()
+        return replace(model, dims={**model.dims, **self.dims}, coords={**model.coords, **self.coords})
+
+    def with_log_likelihood(self) -> _Labelled:
+        return _Labelled(self.target.with_log_likelihood(), self.dims, self.coords)
 
 
 def _coin_toss():

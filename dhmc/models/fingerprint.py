@@ -18,9 +18,10 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
+from dhmc.errors import ModelMismatchError
 from dhmc.models.base import TRACING, FlatModel
 
-__all__ = ["fingerprint", "versions"]
+__all__ = ["fingerprint", "versions", "check_same_run"]
 
 #: Printed callbacks carry the address of a Python object (JAX 0.10 masks the digits; older ones may not).
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -71,6 +72,18 @@ def versions() -> dict[str, str]:
     from dhmc import __version__
 
     return {"dhmc": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+
+
+def check_same_run(path, attrs, model) -> None:
+    """Refuse to continue a store with another model, data, dhmc or JAX version than its run's."""
+    stored = dict(attrs.get("dhmc_versions") or {})
+    changed = [f"{k} {stored[k]} -> {v}" for k, v in versions().items() if k in stored and stored[k] != v]
+    if changed:
+        raise ModelMismatchError(f"the run in {path} was made with other versions ({', '.join(changed)}): its "
+                                 "draws would not continue bitwise; pass force=True (--force) to resume anyway")
+    if attrs.get("dhmc_fingerprint") not in (None, fingerprint(model)):
+        raise ModelMismatchError(f"the run in {path} sampled another model or other data than the one given "
+                                 "(their fingerprints differ); pass force=True (--force) to resume anyway")
 
 
 def _part(h, data: bytes) -> None:

@@ -38,7 +38,11 @@ class NumPyroTarget:
 
     The flat position is the model's unconstrained latent sites; ``potential_energy`` supplies the
     log density with every transform's log-Jacobian, ``constrain_fn`` maps back to the constrained
-    sites plus deterministic sites. Chains start as ``init_to_uniform``: ``U(-2, 2)``.
+    sites plus deterministic sites. Chains start as ``init_to_uniform``: ``U(-2, 2)``; with ``init``
+    (a NumPyro init strategy such as ``init_to_median()``, or a dict of site values for
+    ``init_to_value``) at the strategy's point plus ``U(-0.5, 0.5)``, unconstrained. Plates name
+    the dims of the sites inside them. With ``log_likelihood=True`` the flat model also gives each
+    observed site's log-likelihood (per observation, as :func:`numpyro.infer.log_likelihood`).
     """
 
     model: Callable
@@ -46,14 +50,30 @@ class NumPyroTarget:
     model_kwargs: dict = field(default_factory=dict)
     name: str = ""
     radius: float = 2.0
+    log_likelihood: bool = False
+    init: Any = None
+
+    def with_log_likelihood(self) -> NumPyroTarget:
+        """The same model, its flat model also giving the observed sites' pointwise log-likelihood."""
+        from dataclasses import replace
+
+        return replace(self, log_likelihood=True)
 
     def build(self) -> FlatModel:
+        from numpyro.infer import init_to_uniform
         from numpyro.infer.util import constrain_fn, initialize_model, potential_energy
 
+        strategy = self._init_strategy()
         info = initialize_model(jax.random.PRNGKey(0), self.model, model_args=self.model_args,
-                                model_kwargs=self.model_kwargs, dynamic_args=False)
+                                model_kwargs=self.model_kwargs, dynamic_args=False,
+                                init_strategy=strategy or init_to_uniform)
         template = info.param_info.z
         flat, unravel = ravel_pytree(template)
+        if isinstance(self.init, dict):
+            unknown = sorted(set(self.init) - set(template))
+            if unknown:
+                raise ValueError(f"init names {unknown[0]!r}, which is not a latent site of the model; its latent "
+                                 f"sites are {', '.join(sorted(template))}")
         args, kwargs, model = self.model_args, self.model_kwargs, self.model
 
         def logdensity(x):
@@ -62,10 +82,59 @@ class NumPyroTarget:
         def constrain(x):
             return constrain_fn(model, args, kwargs, unravel(x), return_deterministic=True)
 
-        observed = {name: np.asarray(site["value"]) for name, site in info.model_trace.items()
+        trace = info.model_trace
+        observed = {name: np.asarray(site["value"]) for name, site in trace.items()
                     if site["type"] == "sample" and site.get("is_observed")}
-        centre = np.zeros(flat.size, dtype=flat.dtype)
-        return FlatModel(logdensity, constrain, int(flat.size), flat.dtype, centre, self.radius, observed)
+        if self.log_likelihood and not observed:
+            raise ValueError(f"log_likelihood=True needs observed sites (obs=...), the model {self.name!r} has none")
+        pointwise = None
+        if self.log_likelihood:
+            from numpyro.infer.util import log_likelihood
+
+            def pointwise(x):
+                latent = constrain_fn(model, args, kwargs, unravel(x))
+                return log_likelihood(model, latent, *args, batch_ndims=0, **kwargs)
+
+        dims, coords = plate_dims(trace)
+        centre = np.asarray(flat) if strategy else np.zeros(flat.size, dtype=flat.dtype)
+        return FlatModel(logdensity, constrain, int(flat.size), flat.dtype, centre, 0.5 if strategy else self.radius,
+                         observed, dims=dims, coords=coords, log_likelihood_fn=pointwise)
+
+    def _init_strategy(self):
+        """NumPyro's init strategy for ``init``; None for the default uniform start."""
+        if self.init is None:
+            return None
+        if isinstance(self.init, dict):
+            from numpyro.infer import init_to_value
+
+            return init_to_value(values=self.init)
+        if callable(self.init):
+            return self.init
+        raise TypeError(f"init for a NumPyro model must be a dict of site values or a NumPyro init strategy "
+                        f"(init_to_median(), init_to_value(values=...)), got {type(self.init).__name__}")
+
+
+def plate_dims(trace) -> tuple[dict[str, list[str]], dict[str, list]]:
+    """``(dims, coords)`` of a model trace's sites from the plates they sit in.
+
+    A site's axis is named after the plate at that batch dim (``numpyro.plate("school", 8)`` names
+    it ``school``, coordinates ``0..7``); other axes get ArviZ's ``{site}_dim_{i}``.
+    """
+    dims, coords = {}, {}
+    for name, site in trace.items():
+        if site["type"] not in ("sample", "deterministic"):
+            continue
+        shape = np.shape(site["value"])
+        event = getattr(site.get("fn"), "event_dim", 0) if site["type"] == "sample" else 0
+        names = [f"{name}_dim_{i}" for i in range(len(shape))]
+        for frame in site.get("cond_indep_stack", []):
+            axis = len(shape) - event + frame.dim
+            if 0 <= axis < len(shape) and shape[axis] == frame.size:
+                names[axis] = frame.name
+                coords.setdefault(frame.name, list(range(frame.size)))
+        if names and any(n != f"{name}_dim_{i}" for i, n in enumerate(names)):
+            dims[name] = names
+    return dims, coords
 
 
 def numpyro_model(fn: Callable) -> Callable:
@@ -74,4 +143,4 @@ def numpyro_model(fn: Callable) -> Callable:
     return fn
 
 
-__all__ = ["NumPyroTarget", "is_numpyro_model", "numpyro_model"]
+__all__ = ["NumPyroTarget", "is_numpyro_model", "numpyro_model", "plate_dims"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,12 +13,17 @@ from dhmc.models.base import TRACING, FlatModel
 from dhmc.models.examples import example
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model
+from dhmc.models.reference import bind, import_reference, is_reference
 
-__all__ = ["resolve_target", "initial_positions", "evaluate"]
+__all__ = ["resolve_target", "with_log_likelihood", "with_labels", "initial_positions", "evaluate"]
 
 
 def resolve_target(target, init, chains, model_args, model_kwargs):
     """Return ``(target object, name for the run spec, batched flat init or None)``."""
+    if is_reference(target):  # "pkg.module:function": the run spec names it, so a resume can import it again
+        fn, kwargs = bind(import_reference(target), init, dict(model_kwargs or {}))
+        resolved, _, batched = resolve_target(fn, init, chains, model_args, kwargs)
+        return replace(resolved, name=target), target, batched
     if isinstance(target, str):
         return example(target), target, None
     if isinstance(target, LogDensityTarget | NumPyroTarget) or hasattr(target, "build"):
@@ -26,7 +33,7 @@ def resolve_target(target, init, chains, model_args, model_kwargs):
                         f"{type(target).__name__}")
     name = f"python:{getattr(target, '__qualname__', repr(target))}"
     if is_numpyro_model(target, init, model_args, model_kwargs):
-        return NumPyroTarget(target, tuple(model_args), dict(model_kwargs or {}), name=name), name, None
+        return NumPyroTarget(target, tuple(model_args), dict(model_kwargs or {}), name=name, init=init), name, None
     leaves = jax.tree.leaves(init)
     if not leaves:
         raise ValueError("init must be a pytree of arrays (one chain's position) for a log-density target")
@@ -40,6 +47,23 @@ def resolve_target(target, init, chains, model_args, model_kwargs):
             raise ValueError(f"init has a leading axis of {lead} on every leaf but chains={chains}: give one "
                              f"chain's position or one with a leading axis of length {chains}")
     return LogDensityTarget(target, init, name=name), name, None
+
+
+def with_log_likelihood(target, name: str):
+    """The target whose flat model also gives pointwise log-likelihoods (NumPyro models only)."""
+    if not hasattr(target, "with_log_likelihood"):
+        raise ValueError(f"log_likelihood=True needs a NumPyro model with observed sites; {name!r} is a log "
+                         "density, whose likelihood dhmc cannot tell from its prior")
+    return target.with_log_likelihood()
+
+
+def with_labels(model: FlatModel, dims, coords) -> FlatModel:
+    """The model with the user's ``dims`` (``{variable: [dim, ...]}``) and ``coords`` (``{dim: values}``) on top."""
+    for key, value in (("dims", dims), ("coords", coords)):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{key} must be a dict, got {type(value).__name__}")
+    dims = {k: [v] if isinstance(v, str) else list(v) for k, v in (dims or {}).items()}
+    return replace(model, dims={**model.dims, **dims}, coords={**model.coords, **(coords or {})})
 
 
 def initial_positions(model: FlatModel, name, batched, seed, chains) -> np.ndarray:

@@ -31,7 +31,7 @@ class VariableSpec:
 
 @dataclass(frozen=True)
 class Layout:
-    """Sizes and variables of a run: the groups ``posterior`` and ``sample_stats``.
+    """Sizes and variables of a run: the groups ``posterior``, ``sample_stats`` (and ``log_likelihood``).
 
     Arrays have dims ``(chain, draw, *extra)`` and are chunked as one block of
     ``chains_per_task`` chains by ``draws_per_segment`` draws.
@@ -44,6 +44,7 @@ class Layout:
     posterior: dict[str, VariableSpec]
     sample_stats: dict[str, VariableSpec]
     coords: dict[str, list] = field(default_factory=dict)
+    log_likelihood: dict[str, VariableSpec] = field(default_factory=dict)
 
     @property
     def num_chunks(self) -> int:
@@ -54,14 +55,12 @@ class Layout:
         return -(-self.draws // self.draws_per_segment)
 
     def groups(self) -> dict[str, dict[str, VariableSpec]]:
-        return {"posterior": self.posterior, "sample_stats": self.sample_stats}
+        extra = {"log_likelihood": self.log_likelihood} if self.log_likelihood else {}
+        return {"posterior": self.posterior, "sample_stats": self.sample_stats, **extra}
 
-    def coords_for(self, dims) -> dict[str, np.ndarray]:
-        sizes = {"chain": self.chains, "draw": self.draws}
-        out = {}
-        for d in dims:
-            out[d] = np.asarray(self.coords[d]) if d in self.coords else np.arange(sizes[d])
-        return out
+    def coords_for(self, dims, sizes: dict | None = None) -> dict[str, np.ndarray]:
+        sizes = {"chain": self.chains, "draw": self.draws, **(sizes or {})}
+        return {d: np.asarray(self.coords[d]) if d in self.coords else np.arange(sizes[d]) for d in dims}
 
 
 def fill_value(dtype: str):
@@ -71,24 +70,65 @@ def fill_value(dtype: str):
 
 
 def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, float_dtype, dims=None,
-                coords=None) -> Layout:
-    """Build a :class:`Layout` from ``{name: (shape, dtype)}`` of the constrained variables."""
-    dims = dims or {}
-    coords = dict(coords or {})
-    posterior = {}
-    for name, (shape, dtype) in variables.items():
-        extra = tuple(dims.get(name, [f"{name}_dim_{i}" for i in range(len(shape))]))
-        for d, n in zip(extra, shape, strict=True):
-            coords.setdefault(d, list(range(n)))
-        posterior[name] = VariableSpec(tuple(shape), str(np.dtype(dtype)), extra)
+                coords=None, log_likelihood=None, observed=None) -> Layout:
+    """Build a :class:`Layout` from ``{name: (shape, dtype)}`` of the constrained variables.
+
+    ``dims`` names a variable's axes beyond ``(chain, draw)`` (default ``{name}_dim_{i}``),
+    ``coords`` gives a named dim's coordinates (default ``0..n-1``); ``log_likelihood`` holds the
+    observed sites' ``{name: (shape, dtype)}``. Raises ``ValueError`` for dims or coords that do not fit.
+    """
+    dims = dict(dims or {})
+    coords = {d: list(np.asarray(v).tolist()) for d, v in (coords or {}).items()}
+    sizes: dict[str, tuple[int, str]] = {}
+
+    def specs(variables):
+        out = {}
+        for name, (shape, dtype) in variables.items():
+            extra = tuple(dims.get(name, [f"{name}_dim_{i}" for i in range(len(shape))]))
+            if len(extra) != len(shape):
+                raise ValueError(f"dims for {name!r} name {len(extra)} axes {list(extra)}, but {name!r} has shape "
+                                 f"{tuple(shape)} per draw")
+            for d, n in zip(extra, shape, strict=True):
+                _check_size(d, n, name, sizes, coords)
+            out[name] = VariableSpec(tuple(shape), str(np.dtype(dtype)), extra)
+        return out
+
+    posterior = specs(variables)
+    pointwise = specs(log_likelihood or {})
+    specs({k: (np.shape(v), "float") for k, v in (observed or {}).items()})  # observed dims must fit too
+    unknown = sorted(set(dims) - set(variables) - set(log_likelihood or {}) - set(observed or {}))
+    if unknown:
+        raise ValueError(f"dims names {unknown[0]!r}, which is not a variable of the model; its variables are "
+                         f"{', '.join(sorted(variables))}")
     float_dtype = str(np.dtype(float_dtype))
     stats = {k: VariableSpec((), float_dtype if v == "float" else v, ()) for k, v in SAMPLE_STATS.items()}
-    return Layout(chains, draws, chains_per_task, draws_per_segment, posterior, stats, coords)
+    return Layout(chains, draws, chains_per_task, draws_per_segment, posterior, stats, coords, pointwise)
+
+
+def _check_size(dim: str, n: int, name: str, sizes: dict, coords: dict) -> None:
+    """One dim has one length: across variables, and as long as its coordinates."""
+    if dim in ("chain", "draw"):
+        raise ValueError(f"dims for {name!r} use {dim!r}, which dhmc names itself; choose another name")
+    if dim in sizes and sizes[dim][0] != n:
+        raise ValueError(f"dim {dim!r} has length {sizes[dim][0]} in {sizes[dim][1]!r} but {n} in {name!r}")
+    sizes[dim] = (n, name)
+    if dim not in coords:
+        coords[dim] = list(range(n))
+    elif len(coords[dim]) != n:
+        raise ValueError(f"coords for {dim!r} have {len(coords[dim])} values, but {name!r} has {n} along it")
+
+
+def observed_dims(name: str, value, dims: dict) -> list[str]:
+    """The dims of an observed array: the model's names for it, else ArviZ's ``{name}_dim_{i}``."""
+    return list(dims.get(name, [f"{name}_dim_{i}" for i in range(np.ndim(value))]))
 
 
 def to_datatree(layout: Layout, arrays: dict[str, dict[str, np.ndarray]], attrs: dict,
-                extra_groups: dict[str, dict[str, np.ndarray]] | None = None) -> xr.DataTree:
-    """Assemble in-memory arrays ``{group: {name: array}}`` into an ArviZ-layout DataTree."""
+                extra_groups: dict[str, dict[str, tuple]] | None = None) -> xr.DataTree:
+    """Assemble in-memory arrays ``{group: {name: array}}`` into an ArviZ-layout DataTree.
+
+    ``extra_groups`` (``observed_data``) hold ``{name: (dims, array)}`` without chain and draw.
+    """
     import xarray as xr
 
     tree = {}
@@ -100,8 +140,9 @@ def to_datatree(layout: Layout, arrays: dict[str, dict[str, np.ndarray]], attrs:
         all_dims = {d for v in data.values() for d in v.dims}
         tree[group] = xr.Dataset(data, coords=layout.coords_for(sorted(all_dims)), attrs=attrs)
     for group, values in (extra_groups or {}).items():
-        data = {k: xr.Variable([f"{k}_dim_{i}" for i in range(np.ndim(v))], np.asarray(v)) for k, v in values.items()}
-        tree[group] = xr.Dataset(data, attrs=attrs)
+        data = {k: xr.Variable(dims, np.asarray(v)) for k, (dims, v) in values.items()}
+        sizes = {d: n for v in data.values() for d, n in v.sizes.items()}
+        tree[group] = xr.Dataset(data, coords=layout.coords_for(sorted(sizes), sizes), attrs=attrs)
     result = xr.DataTree.from_dict(tree)
     result.attrs.update(attrs)
     return result

@@ -67,7 +67,10 @@ def is_dhmc_store(path: str | os.PathLike) -> bool:
 
 def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, observed: dict | None = None,
                  overwrite: bool = False) -> zarr.Group:
-    """Create an empty store for ``layout``; ``attrs`` (JSON-able) go on the root and every group."""
+    """Create an empty store for ``layout``; ``attrs`` (JSON-able) go on the root and every group.
+
+    ``observed`` holds the ``observed_data`` group as ``{name: (dims, array)}``.
+    """
     check_writable(path, overwrite)
     if overwrite and Path(path).exists():
         import shutil
@@ -80,7 +83,7 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
         g = root.create_group(group, attributes=attrs)
         extra_dims = {d for s in specs.values() for d in s.dims}
         for name, values in layout.coords_for(["chain", "draw", *sorted(extra_dims)]).items():
-            g.create_array(name, data=values, dimension_names=[name])
+            g.create_array(name, data=_coordinate(values), dimension_names=[name])
         for name, spec in specs.items():
             g.create_array(
                 name,
@@ -93,12 +96,11 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
             )
     if observed:
         g = root.create_group("observed_data", attributes=attrs)
-        for name, value in observed.items():
-            value = np.asarray(value)
-            dims = [f"{name}_dim_{i}" for i in range(value.ndim)]
-            for d, n in zip(dims, value.shape, strict=True):
-                g.create_array(d, data=np.arange(n), dimension_names=[d])
-            g.create_array(name, data=value, dimension_names=dims)
+        sizes = {d: n for dims, value in observed.values() for d, n in zip(dims, np.shape(value), strict=True)}
+        for d, values in layout.coords_for(sorted(sizes), sizes).items():
+            g.create_array(d, data=_coordinate(values), dimension_names=[d])
+        for name, (dims, value) in observed.items():
+            g.create_array(name, data=np.asarray(value), dimension_names=list(dims))
     internal = root.create_group(INTERNAL)
     internal.create_array("done", shape=(layout.num_chunks, layout.num_segments), chunks=(1, 1), dtype="uint8",
                           fill_value=0, dimension_names=["chunk", "segment"])
@@ -106,6 +108,11 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
                           dtype=str(np.dtype(float_dtype)), fill_value=np.nan,
                           dimension_names=["chain", "segment", "unconstrained"])
     return root
+
+
+def _coordinate(values: np.ndarray) -> np.ndarray:
+    """Text coordinates as variable-length strings, which Zarr 3 specifies (fixed-width ``<U`` it does not)."""
+    return values.astype(np.dtypes.StringDType()) if values.dtype.kind == "U" else values
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ class BlockDestination:
         check_block(self.layout, self.chunk, self.segment, shapes, self.path)
         arrays = _arrays(self.path, self.layout, self.run_id)
         c0, d0 = self.chunk * self.layout.chains_per_task, self.segment * self.layout.draws_per_segment
-        for group in ("posterior", "sample_stats"):
+        for group in self.layout.groups():
             for name, values in block[group].items():
                 arrays[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
         position = block["position"]
@@ -160,7 +167,8 @@ def _compression(name: str, dtype) -> dict:
 
 def block_shapes(block: dict) -> dict:
     """``{"posterior/x": (chains, draws, ...), ..., "position": (chains, dim)}`` of a block."""
-    shapes = {f"{g}/{k}": tuple(np.shape(v)) for g in ("posterior", "sample_stats") for k, v in block[g].items()}
+    shapes = {f"{g}/{k}": tuple(np.shape(v)) for g, values in block.items() if g != "position"
+              for k, v in values.items()}
     return {**shapes, "position": tuple(np.shape(block["position"]))}
 
 
@@ -212,6 +220,35 @@ def trim(root: zarr.Group, layout: Layout, segments: int) -> Layout:
     return new
 
 
+def extend(path, draws: int) -> None:
+    """Make room in a finished store for ``draws`` more draws per chain; a resume then samples them.
+
+    Segments keep their length. A last segment shorter than the others is marked to be sampled
+    again in full (its end position is that of a full segment): its draws come out the same, bitwise.
+    The new layout and run spec are written last, so an interrupted extend can be run again.
+    """
+    if isinstance(draws, bool) or not isinstance(draws, int | np.integer) or draws < 1:
+        raise ValueError(f"draws must be a positive integer, got {draws!r}")
+    check_free(path)
+    root, layout = open_store(path)
+    if not blocks_done(root).all():
+        raise StoreError(f"the run in {path} is not finished: dhmc resume {path} first, then extend it")
+    new = replace(layout, draws=layout.draws + int(draws))
+    for group, specs in layout.groups().items():
+        for name, spec in specs.items():
+            root[f"{group}/{name}"].resize((new.chains, new.draws, *spec.shape))
+        coordinate = root[f"{group}/draw"]
+        coordinate.resize((new.draws,))
+        coordinate[layout.draws:] = np.arange(layout.draws, new.draws)
+    done, position = root[f"{INTERNAL}/done"], root[f"{INTERNAL}/position"]
+    done.resize((new.num_chunks, new.num_segments))
+    if layout.draws % layout.draws_per_segment:
+        done[:, layout.num_segments - 1] = 0
+    position.resize((new.chains, new.num_segments, position.shape[2]))
+    spec = json.loads(root.attrs["dhmc_run_spec"]) | {"draws": new.draws, "target_ess": None, "max_draws": None}
+    root.attrs.update({"dhmc_layout": _layout_to_json(new), "dhmc_run_spec": json.dumps(spec)})
+
+
 def segment_start_positions(root: zarr.Group, segment: int, chains: slice) -> np.ndarray:
     """End positions of the previous segment, where the given segment starts."""
     return root[f"{INTERNAL}/position"][chains, segment - 1]
@@ -225,12 +262,51 @@ def save_warmup(root: zarr.Group, positions: np.ndarray, params: dict, history: 
                        "dhmc_warmup": history})
 
 
+def adapted_params(path) -> dict:
+    """A finished warmup's step size, trajectory length and inverse mass matrix, from a store."""
+    root, _ = open_store(path)
+    if "dhmc_params" not in root.attrs:
+        raise StoreError(f"the run in {path} has not finished its warmup: nothing adapted to take from it")
+    return {k: np.asarray(v) for k, v in root.attrs["dhmc_params"].items()}
+
+
+def save_initial_params(root: zarr.Group, params: dict) -> None:
+    """Keep parameters a run started from (``adapted_from``), for a resume before warmup is done."""
+    root.attrs.update({"dhmc_initial_params": {k: np.asarray(v).tolist() for k, v in params.items()}})
+
+
+def load_initial_params(root: zarr.Group, dtype) -> dict | None:
+    saved = root.attrs.get("dhmc_initial_params")
+    return None if saved is None else {k: np.asarray(v, dtype=dtype) for k, v in saved.items()}
+
+
 def load_warmup(root: zarr.Group, dtype) -> tuple[np.ndarray, dict] | None:
     """The post-warmup positions and parameters, or None if warmup did not finish."""
     if "dhmc_params" not in root.attrs or "warmup_position" not in root[INTERNAL]:
         return None
     params = {k: np.asarray(v, dtype=dtype) for k, v in root.attrs["dhmc_params"].items()}
     return root[f"{INTERNAL}/warmup_position"][...], params
+
+
+def save_inputs(root: zarr.Group, inputs: dict[str, dict]) -> None:
+    """Keep a referenced model's keyword data and init (``{"model_kwargs": {...}, "init": {...}}``) for a resume."""
+    group = root[INTERNAL].create_group("inputs")
+    for kind, values in inputs.items():
+        g = group.create_group(kind)
+        for name, value in values.items():
+            value = np.asarray(value)
+            g.create_array(name, data=value, dimension_names=[f"{name}_dim_{i}" for i in range(value.ndim)])
+
+
+def load_inputs(root: zarr.Group) -> dict[str, dict]:
+    """What :func:`save_inputs` kept: ``{"model_kwargs": {...}, "init": {...}}`` (empty dicts if nothing)."""
+    from dhmc.models.reference import to_python
+
+    group = root[INTERNAL].get("inputs")
+    kinds = ("model_kwargs", "init")
+    if group is None:
+        return {kind: {} for kind in kinds}
+    return {kind: to_python({k: a[...] for k, a in group[kind].arrays()}) if kind in group else {} for kind in kinds}
 
 
 def open_store(path) -> tuple[zarr.Group, Layout]:
@@ -278,4 +354,5 @@ def _layout_from_json(d: dict) -> Layout:
         {k: spec(v) for k, v in d["posterior"].items()},
         {k: spec(v) for k, v in d["sample_stats"].items()},
         d.get("coords", {}),
+        {k: spec(v) for k, v in d.get("log_likelihood", {}).items()},
     )

@@ -1,0 +1,63 @@
+"""A run continued from its store: an interrupted one resumed, or a finished one extended by more draws."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+
+from dhmc.distributed.driver import RunContext
+from dhmc.distributed.spec import RunSpec
+from dhmc.models.fingerprint import check_same_run
+from dhmc.models.reference import is_reference
+from dhmc.models.resolve import resolve_target, with_log_likelihood
+
+ATTRS = ("created_at", "inference_library", "inference_library_version", "dhmc_run_spec", "dhmc_fingerprint",
+         "dhmc_versions")
+
+
+def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=None, force=False, more_draws=None,
+                  observers=()) -> RunContext:
+    """The :class:`RunContext` that continues the run in ``path``, checked before any cluster starts.
+
+    The model is the store's (a built-in name, or a ``module:function`` with the data and init kept
+    in the store) unless ``target`` is given; it must be the store's own unless ``force``. With
+    ``more_draws`` the finished store first makes room for that many more draws per chain.
+    """
+    from dhmc.storage import zarr_
+    from dhmc.storage.lock import check_free
+
+    root, layout = zarr_.open_store(path)
+    check_free(path)  # another run writing it: refused before any cluster starts
+    spec = _spec(root, path)
+    if spec.x64 and not jax.config.jax_enable_x64:
+        jax.config.update("jax_enable_x64", True)
+    if target is None and is_reference(spec.model):  # its data and init are in the store
+        kept = zarr_.load_inputs(root)
+        model_kwargs, init = model_kwargs or kept["model_kwargs"], init if init is not None else kept["init"] or None
+    elif target is None and spec.model.startswith("python:"):
+        raise ValueError(f"the run in {path} sampled the Python function {spec.model[7:]!r}; give it again: "
+                         "dhmc.resume(path, target=<the same function>, init=<the same init>)")
+    target = spec.model if target is None else target
+    resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
+    if spec.log_likelihood:
+        resolved = with_log_likelihood(resolved, name)
+    model = resolved.build()
+    if not force:
+        check_same_run(path, root.attrs, model)
+    if more_draws is not None:
+        zarr_.extend(path, more_draws)
+        root, layout = zarr_.open_store(path)
+        spec = _spec(root, path)
+    attrs = {k: root.attrs[k] for k in ATTRS if k in root.attrs}
+    return RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=attrs, store=path, resume=True,
+                      observers=observers, params=zarr_.load_initial_params(root, model.dtype))
+
+
+def _spec(root, path) -> RunSpec:
+    from dhmc.storage.zarr_ import StoreError
+
+    try:
+        return RunSpec(**json.loads(root.attrs["dhmc_run_spec"]))
+    except Exception as e:  # noqa: BLE001
+        raise StoreError(f"store {path} is broken: unreadable run spec ({e})") from None

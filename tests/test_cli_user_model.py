@@ -1,0 +1,96 @@
+"""A user's own model from the command line: ``dhmc sample pkg.module:function --data --init``, and its resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from mc_checks import within_mc_error
+
+MODULE = textwrap.dedent('''
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+
+    def shifted_gaussian(position, centre, scale):
+        """Independent normals: mean ``centre``, sd ``scale``."""
+        return -0.5 * jnp.sum(((position["x"] - centre) / scale) ** 2)
+
+
+    def regression(x, y=None):
+        slope = numpyro.sample("slope", dist.Normal(0.0, 10.0))
+        with numpyro.plate("point", x.shape[0]):
+            numpyro.sample("y", dist.Normal(slope * x, 1.0), obs=y)
+''')
+
+
+def dhmc_cli(cwd, *args, timeout=300):
+    """The real command in another process, from ``cwd`` (where the user's module lies)."""
+    return subprocess.run([sys.executable, "-m", "dhmc", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "mymodels.py").write_text(MODULE)
+    np.savez(tmp_path / "data.npz", centre=np.array([3.0, -1.0]), scale=np.array([0.5, 2.0]))
+    (tmp_path / "init.json").write_text(json.dumps({"x": [0.0, 0.0]}))
+    x = np.linspace(-1, 1, 20)
+    (tmp_path / "points.json").write_text(json.dumps({"x": x.tolist(), "y": (2.0 * x).tolist()}))
+    return tmp_path
+
+
+def test_a_log_density_with_data_and_init_and_its_resume(project):
+    import dhmc
+    from dhmc.storage import zarr_
+
+    common = ["--data", "data.npz", "--init", "init.json", "--chains", 64, "--draws", 200, "--warmup", 200,
+              "--chains-per-task", 32, "--no-progress"]
+    out = dhmc_cli(project, "sample", "mymodels:shifted_gaussian", *common, "--out", "whole.zarr")
+    assert out.returncode == 0, out.stderr[-2000:]
+    whole = dhmc.open_trace(project / "whole.zarr")
+    draws = whole["posterior"]["x"].values
+    for i, (mean, sd) in enumerate([(3.0, 0.5), (-1.0, 2.0)]):
+        within_mc_error(draws[..., i], mean, sd)
+    assert json.loads(whole.attrs["dhmc_run_spec"])["model"] == "mymodels:shifted_gaussian"
+
+    out = dhmc_cli(project, "sample", "mymodels:shifted_gaussian", *common, "--out", "cut.zarr")
+    assert out.returncode == 0, out.stderr[-2000:]
+    root, _ = zarr_.open_store(project / "cut.zarr")
+    root["dhmc/done"][1, -1] = 0  # the last block of the second chunk: written again on resume
+    resumed = dhmc_cli(project, "resume", "cut.zarr", "--no-progress")  # nothing but the store
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    np.testing.assert_array_equal(dhmc.open_trace(project / "cut.zarr")["posterior"]["x"].values, draws)
+
+
+def test_a_numpyro_model_with_json_data_gets_plate_dims_and_log_likelihood(project):
+    import dhmc
+
+    out = dhmc_cli(project, "sample", "mymodels:regression", "--data", "points.json", "--log-likelihood",
+                   "--chains", 32, "--draws", 100, "--warmup", 150, "--out", "reg.zarr", "--no-progress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    tree = dhmc.open_trace(project / "reg.zarr")
+    assert tree["log_likelihood"]["y"].dims == ("chain", "draw", "point")
+    x = np.linspace(-1, 1, 20)
+    sd = 1.0 / np.sqrt(np.sum(x**2) + 1e-2)  # conjugate: prior N(0, 10^2), unit noise
+    mean = sd**2 * np.sum(x * 2.0 * x)
+    within_mc_error(tree["posterior"]["slope"].values, mean, sd)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["nomodule:fn"], "cannot import the model 'nomodule:fn'"),
+    (["mymodels:missing"], "has no attribute 'missing'"),
+    (["coin_toss", "--data", "data.npz"], "--data and --init need a model given as pkg.module:function"),
+    (["mymodels:shifted_gaussian", "--data", "nothere.npz"], "the data file nothere.npz does not exist"),
+    (["mymodels:shifted_gaussian", "--data", "mymodels.py"], "must be .npz or .json"),
+])
+def test_bad_user_model_input_is_one_line(project, args, message):
+    out = dhmc_cli(project, "sample", *args, "--out", "s.zarr", timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (project / "s.zarr").exists()

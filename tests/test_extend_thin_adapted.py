@@ -1,0 +1,96 @@
+"""Runs built on runs: thinning, extending a finished store, and starting from another run's adaptation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mc_checks import within_mc_error
+
+import dhmc
+from dhmc.storage import zarr_
+
+
+def test_thinning_keeps_every_kth_transition_bitwise(client2):
+    common = dict(chains=16, warmup=100, chains_per_task=8, cluster=client2, progress=False)
+    full = dhmc.sample("eight_schools", draws=150, **common)
+    thin = dhmc.sample("eight_schools", draws=50, thinning=3, **common)
+    for name in ("mu", "tau", "theta"):
+        np.testing.assert_array_equal(thin["posterior"][name].values, full["posterior"][name].values[:, 2::3])
+    stats, every = thin["sample_stats"], full["sample_stats"]
+    np.testing.assert_array_equal(stats["lp"].values, every["lp"].values[:, 2::3])
+    steps = every["n_steps"].values.reshape(16, 50, 3).sum(-1)
+    np.testing.assert_array_equal(stats["n_steps"].values, steps)  # the cost of the three transitions
+    np.testing.assert_allclose(stats["acceptance_rate"].values,
+                               every["acceptance_rate"].values.reshape(16, 50, 3).mean(-1), rtol=1e-5)
+    assert json.loads(thin.attrs["dhmc_run_spec"])["thinning"] == 3
+
+
+def test_extend_is_bitwise_one_longer_run(client2, tmp_path):
+    """256 chains in one block: 84-draw segments, the last of 82: extended, it is sampled again in full."""
+    common = dict(chains=256, warmup=100, chains_per_task=256, cluster=client2, progress=False)
+    path = tmp_path / "run.zarr"
+    dhmc.sample("eight_schools", draws=250, store=path, **common)
+    assert json.loads(zarr_.open_store(path)[0].attrs["dhmc_run_spec"])["draws_per_segment"] == 84
+    extended = dhmc.extend(path, 100, cluster=client2, progress=False)
+    longer = dhmc.sample("eight_schools", draws=350, **common)
+    assert extended["posterior"].sizes["draw"] == 350
+    for group, name in (("posterior", "mu"), ("posterior", "theta"), ("sample_stats", "energy")):
+        np.testing.assert_array_equal(extended[group][name].values, longer[group][name].values)
+    assert json.loads(extended.attrs["dhmc_run_spec"])["draws"] == 350
+    root, layout = zarr_.open_store(path)
+    assert zarr_.blocks_done(root).all() and layout.draws == 350
+
+
+def test_extend_refuses_an_unfinished_store_and_bad_draws(client2, tmp_path):
+    path = tmp_path / "run.zarr"
+    dhmc.sample("gaussian_2d", chains=16, draws=40, warmup=40, chains_per_task=8, store=path, cluster=client2,
+                progress=False)
+    with pytest.raises(ValueError, match="draws must be a positive integer"):
+        dhmc.extend(path, 0, cluster=client2)
+    root, _ = zarr_.open_store(path)
+    root["dhmc/done"][1, 0] = 0
+    with pytest.raises(zarr_.StoreError, match="not finished: dhmc resume"):
+        dhmc.extend(path, 10, cluster=client2)
+    assert zarr_.open_store(path)[1].draws == 40  # nothing changed
+
+
+def test_extend_from_the_command_line(client2, tmp_path):
+    path = tmp_path / "coin.zarr"
+    first = dhmc.sample("coin_toss", chains=32, draws=60, warmup=60, store=path, cluster=client2, progress=False)
+    before = first["posterior"]["p"].values.copy()
+    out = subprocess.run([sys.executable, "-m", "dhmc", "extend", str(path), "--draws", "40", "--no-progress"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "32 chains x 100 draws" in out.stdout
+    after = dhmc.open_trace(path)["posterior"]["p"].values
+    np.testing.assert_array_equal(after[:, :60], before)
+    assert np.isfinite(after).all()
+
+
+@pytest.mark.parametrize("dense_mass", [False, True], ids=["diag", "dense"])
+def test_adapted_from_reuses_step_size_length_and_mass_matrix(client2, tmp_path, dense_mass):
+    source = tmp_path / "source.zarr"
+    dhmc.sample("gaussian_2d", chains=64, draws=20, warmup=300, dense_mass=dense_mass, store=source,
+                cluster=client2, progress=False)
+    adapted = zarr_.open_store(source)[0].attrs["dhmc_params"]
+    path = tmp_path / "again.zarr"
+    tree = dhmc.sample("gaussian_2d", chains=64, draws=300, warmup=100, adapted_from=source, store=path,
+                       cluster=client2, progress=False)
+    np.testing.assert_allclose(tree["sample_stats"]["step_size"].values, adapted["step_size"], rtol=1e-6)
+    assert zarr_.open_store(path)[0].attrs["dhmc_params"] == adapted  # not adapted again
+    spec = json.loads(tree.attrs["dhmc_run_spec"])
+    assert spec["adapted_from"] == str(source) and spec["adapt"] is False and spec["dense_mass"] is dense_mass
+    x = tree["posterior"]["x"].values
+    within_mc_error(x[..., 0], 5.0, 2.0)
+    within_mc_error(x[..., 1], 5.0, 2.0)
+
+
+def test_adapted_from_a_store_of_another_size_is_refused(client2, tmp_path):
+    source = tmp_path / "coin.zarr"
+    dhmc.sample("coin_toss", chains=16, draws=20, warmup=50, store=source, cluster=client2, progress=False)
+    with pytest.raises(ValueError, match="mass matrix for 2 dimensions, the model has 10"):
+        dhmc.sample("eight_schools", chains=16, draws=20, adapted_from=source, cluster=client2, progress=False)
