@@ -6,6 +6,8 @@
 #
 #   sbatch deploy/sbatch-driver.sh MODEL STORE [more `dhmc sample` options]
 #   sbatch deploy/sbatch-driver.sh eight_schools /scratch/$USER/eight.zarr --chains 4096 --draws 2000
+#   sbatch deploy/sbatch-driver.sh mypkg.models:model /scratch/$USER/run.zarr --data data.npz   # your model,
+#     imported from the submission folder (sbatch's working directory); its data is kept in the store
 #
 # If the job is killed (walltime, preemption), `dhmc resume STORE`, run the same way, continues
 # from the blocks already in the store.

@@ -17,7 +17,7 @@ from dhmc.distributed.driver import RunContext, drive
 from dhmc.distributed.spec import RunSpec, adapted_options, check_kernel_fits, check_options, layout_for, run_attrs
 from dhmc.distributed.startup import Startup
 from dhmc.models.reference import is_reference
-from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_log_likelihood
+from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -52,6 +52,8 @@ def sample(
     max_draws: int | None = None,
     thinning: int = 1,
     log_likelihood: bool = False,
+    predictive: bool = False,
+    prior: int = 0,
     dims: dict | None = None,
     coords: dict | None = None,
     adapted_from: str | Path | None = None,
@@ -94,9 +96,11 @@ def sample(
     target_ess, max_draws
         With ``draws="auto"``: sample segment by segment until every scalar's bulk and tail ESS reach
         ``target_ess`` (1000) and nested R-hat is below 1.01, or ``max_draws`` (10000) draws.
-    log_likelihood
-        For a NumPyro model: store each observed site's pointwise log-likelihood in a ``log_likelihood``
-        group (for ``arviz.loo``/``waic``; chains x draws x observations values).
+    log_likelihood, predictive, prior
+        For a NumPyro model: also store each observed site's pointwise log-likelihood (group
+        ``log_likelihood``, for ``arviz.loo``/``waic``), a draw of it per posterior draw
+        (``posterior_predictive``, for ``arviz.plot_ppc``), and ``prior`` draws of the prior
+        (``prior``, ``prior_predictive``). Each holds chains x draws x observations values.
     dims, coords
         Names of a variable's axes (``{"theta": ["school"]}``) and a dim's coordinates
         (``{"school": [...]}``), on top of those NumPyro plates give.
@@ -113,10 +117,9 @@ def sample(
     options = check_options(chains=chains, draws=draws, warmup=warmup, kernel=kernel, step_size=step_size,
                             num_steps=num_steps, trajectory_length=trajectory_length, adapt=adapt,
                             target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
-                            max_draws=max_draws, thinning=thinning)
+                            max_draws=max_draws, thinning=thinning, prior=prior)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
-    if log_likelihood:
-        resolved = with_log_likelihood(resolved, name)
+    resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"])
     model = with_labels(resolved.build(), dims, coords)
     check_kernel_fits(options["kernel"], model.dim)
     params = None
@@ -127,7 +130,8 @@ def sample(
                         auto=options["target_ess"] is not None)
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=layout.chains_per_task,
                    draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
-                   log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from), **options)
+                   log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),
+                   predictive=bool(predictive), **options)
     if store is not None:
         from dhmc.storage import zarr_
 

@@ -8,6 +8,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from mc_checks import within_mc_error
 from numpyro.infer import init_to_median
 from numpyro.infer.util import log_likelihood
 
@@ -133,3 +134,39 @@ def test_numpyro_init_reaches_the_run(client2):
     tree = dhmc.sample(schools, model_args=(SIGMA, Y), init={"mu": 40.0}, chains=8, draws=5, warmup=0,
                        adapt=False, step_size=1e-4, num_steps=1, kernel="hmc", cluster=client2, progress=False)
     assert np.all(np.abs(tree["posterior"]["mu"].values - 40.0) < 1.0)
+
+
+def test_posterior_predictive_and_prior_groups(client2, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    path = tmp_path / "ppc.zarr"
+    tree = dhmc.sample(schools, model_args=(SIGMA, Y), chains=64, draws=200, warmup=200, chains_per_task=32,
+                       cluster=client2, predictive=True, prior=4000, store=path, progress=False)
+    ppc = tree["posterior_predictive"]["obs"]
+    assert ppc.dims == ("chain", "draw", "school") and ppc.shape == (64, 200, 8)
+    theta = tree["posterior"]["theta"].values
+    # y_rep = theta + sigma * e: its mean is theta's and its variance theta's plus sigma^2
+    residual = (ppc.values - theta) / SIGMA
+    for school in range(8):
+        within_mc_error(residual[..., school], 0.0, 1.0)
+    prior = tree["prior"]
+    assert prior["mu"].dims == ("chain", "draw") and prior["theta"].dims == ("chain", "draw", "school")
+    within_mc_error(prior["mu"].values, 0.0, 5.0)  # independent draws: ESS = 4000
+    assert tree["prior_predictive"]["obs"].shape == (1, 4000, 8)
+    idata = az.InferenceData.from_datatree(tree)
+    az.plot_ppc(idata, num_pp_samples=50)
+    az.plot_ppc(idata, group="prior", num_pp_samples=50)
+    # extended, the predictive draws of the first draws stay (their keys are the chain's and the iteration's)
+    longer = dhmc.extend(path, 50, cluster=client2, target=schools, model_args=(SIGMA, Y), progress=False)
+    np.testing.assert_array_equal(longer["posterior_predictive"]["obs"].values[:, :200], ppc.values)
+    assert np.isfinite(longer["posterior_predictive"]["obs"].values).all()
+
+
+def test_predictive_and_prior_need_a_numpyro_model():
+    for kwargs in (dict(predictive=True), dict(prior=10)):
+        with pytest.raises(ValueError, match="needs a NumPyro model"):
+            dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(3)}, chains=4, draws=5, warmup=5,
+                        cluster="tcp://127.0.0.1:1", progress=False, **kwargs)
+    with pytest.raises(ValueError, match="prior must be a non-negative integer"):
+        dhmc.sample(schools, model_args=(SIGMA, Y), prior=-1, cluster="tcp://127.0.0.1:1")

@@ -94,3 +94,11 @@ def test_bad_user_model_input_is_one_line(project, args, message):
     assert out.returncode == 2, out.stderr[-2000:]
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (project / "s.zarr").exists()
+
+
+def test_what_counts_as_a_model_reference():
+    from dhmc.models.reference import is_reference
+
+    assert is_reference("mypkg.models:logdensity") and is_reference("m:Outer.method")
+    assert not is_reference("coin_toss") and not is_reference("python:schools")  # a name, a Python function
+    assert not is_reference("python:test.<locals>.f") and not is_reference("a:b:c")

@@ -10,7 +10,7 @@ from dhmc.distributed.driver import RunContext
 from dhmc.distributed.spec import RunSpec
 from dhmc.models.fingerprint import check_same_run
 from dhmc.models.reference import is_reference
-from dhmc.models.resolve import resolve_target, with_log_likelihood
+from dhmc.models.resolve import resolve_target, with_outputs
 
 ATTRS = ("created_at", "inference_library", "inference_library_version", "dhmc_run_spec", "dhmc_fingerprint",
          "dhmc_versions")
@@ -40,8 +40,7 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
                          "dhmc.resume(path, target=<the same function>, init=<the same init>)")
     target = spec.model if target is None else target
     resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
-    if spec.log_likelihood:
-        resolved = with_log_likelihood(resolved, name)
+    resolved = with_outputs(resolved, name, spec.log_likelihood, spec.predictive)
     model = resolved.build()
     if not force:
         check_same_run(path, root.attrs, model)

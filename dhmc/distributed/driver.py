@@ -71,7 +71,7 @@ def drive(run: RunContext, startup: Startup):
             return sink.tree(attrs)
         from dhmc.storage import zarr_
 
-        for node in ("", *run.layout.groups(), "observed_data"):
+        for node in ("", *run.layout.groups(), "observed_data", "prior", "prior_predictive"):
             if not node or node in root:
                 (root[node] if node else root).attrs.update(attrs)
         return zarr_.open_trace(run.store)
@@ -96,15 +96,15 @@ def _lock(store, run_id: str):
 def _open_sink(run: RunContext, run_id: str):
     from dhmc.storage.sinks import MemorySink, StoreSink
 
-    observed = {k: (schema.observed_dims(k, v, run.model.dims), v) for k, v in run.model.observed_data.items()}
+    extra = _extra_groups(run) if not run.resume else {}
     if run.store is None:
-        return None, MemorySink(run.layout, {"observed_data": observed} if observed else None)
+        return None, MemorySink(run.layout, extra)
     from dhmc.storage import zarr_
 
     if run.resume:
         root, _ = zarr_.open_store(run.store)
     else:
-        root = zarr_.create_store(run.store, run.layout, run.model.dim, run.model.dtype, run.attrs, observed,
+        root = zarr_.create_store(run.store, run.layout, run.model.dim, run.model.dtype, run.attrs, extra,
                                   run.overwrite)
         if run.inputs:
             zarr_.save_inputs(root, run.inputs)
@@ -112,6 +112,18 @@ def _open_sink(run: RunContext, run_id: str):
             zarr_.save_initial_params(root, run.params)
     path = str(run.store) if "://" in str(run.store) else os.path.abspath(run.store)  # as workers will see it
     return root, StoreSink(root, path, run.layout, run_id)
+
+
+def _extra_groups(run: RunContext) -> dict[str, dict[str, tuple]]:
+    """Groups without chains to sample: ``observed_data``, and ``prior``/``prior_predictive`` draws (one chain)."""
+    labelled = lambda values, lead: {k: ([*lead, *schema.observed_dims(k, v[(0,) * len(lead)], run.model.dims)], v)
+                                     for k, v in values.items()}
+    groups = {"observed_data": labelled(run.model.observed_data, [])}
+    if run.spec.prior:
+        prior, predictive = run.target.sample_prior(run.spec.prior, run.spec.seed)
+        groups |= {"prior": labelled({k: v[None] for k, v in prior.items()}, ["chain", "draw"]),
+                   "prior_predictive": labelled({k: v[None] for k, v in predictive.items()}, ["chain", "draw"])}
+    return {k: v for k, v in groups.items() if v}
 
 
 def _warmup(run: RunContext, runner: Runner, root):

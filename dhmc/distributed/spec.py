@@ -39,6 +39,8 @@ class RunSpec:
     log_likelihood: bool = False  # a NumPyro model's pointwise log-likelihood is stored too
     thinning: int = 1  # a kept draw every ``thinning`` transitions
     adapted_from: str | None = None  # the store whose adapted parameters the run started from
+    predictive: bool = False  # a NumPyro model's posterior predictive draws are stored too
+    prior: int = 0  # draws from a NumPyro model's prior (and prior predictive), made before sampling
 
     @property
     def plan(self) -> Plan:
@@ -57,7 +59,7 @@ DEFAULT_MAX_DRAWS = 10_000
 
 
 def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajectory_length, adapt,
-                  target_accept, chains_per_task, target_ess=None, max_draws=None, thinning=1) -> dict:
+                  target_accept, chains_per_task, target_ess=None, max_draws=None, thinning=1, prior=0) -> dict:
     """The sampler options, checked and completed (one-line ``ValueError`` naming the problem).
 
     ``draws="auto"`` becomes ``draws=max_draws`` with ``target_ess`` and ``max_draws`` set.
@@ -66,6 +68,7 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     _check_integer(1, chains=chains)
     _check_integer(0, warmup=warmup)
     _check_integer(1, thinning=thinning)
+    _check_integer(0, prior=prior)
     if chains_per_task is not None:
         _check_integer(1, chains_per_task=chains_per_task)
     if kernel not in KERNELS:
@@ -90,7 +93,7 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     return dict(chains=int(chains), draws=int(draws), warmup=int(warmup), kernel=kernel, step_size=step_size,
                 num_steps=num_steps, trajectory_length=trajectory_length, adapt=bool(adapt),
                 target_accept=float(target_accept), target_ess=target_ess, max_draws=max_draws,
-                thinning=int(thinning))
+                thinning=int(thinning), prior=int(prior))
 
 
 def adapted_options(path, options: dict, dim: int) -> tuple[dict, dict]:
@@ -144,10 +147,14 @@ def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu:
     shapes = lambda fn: {k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(fn, position).items()}
     variables = shapes(model.constrain_fn)
     pointwise = shapes(model.log_likelihood_fn) if model.log_likelihood_fn is not None else {}
-    bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in [*variables.values(), *pointwise.values()]) + 4 * 8
+    key = jax.ShapeDtypeStruct((2,), np.uint32)
+    predictive = {} if model.predictive_fn is None else {
+        k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(model.predictive_fn, position, key).items()}
+    every = [*variables.values(), *pointwise.values(), *predictive.values()]
+    bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in every) + 4 * 8
     dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, auto)
     return schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims, model.coords,
-                              pointwise, model.observed_data)
+                              pointwise, model.observed_data, predictive)
 
 
 def _check_integer(low: int, **values) -> None:

@@ -145,9 +145,25 @@ def build_program(model, config: KernelConfig, phase: str, num_iterations: int):
         groups = {"posterior": jax.vmap(jax.vmap(model.constrain_fn))(position), "sample_stats": trace}
         if model.log_likelihood_fn is not None:
             groups["log_likelihood"] = jax.vmap(jax.vmap(model.log_likelihood_fn))(position)
+        if model.predictive_fn is not None:
+            keys = predictive_keys(seed, chains, first, num_iterations, config.thinning)
+            groups["posterior_predictive"] = jax.vmap(jax.vmap(model.predictive_fn))(position, keys)
         return end, groups
 
     return program
+
+
+PREDICTIVE_STREAM = 2**32 - 1  # fold_in data no kernel iteration reaches: predictive keys apart from the kernel's
+
+
+def predictive_keys(seed, chains, first, draws: int, thinning: int):
+    """``(chains, draws, 2)`` keys of posterior predictive draws, one per chain and global iteration.
+
+    A draw's key depends on its chain and iteration only, so extending or re-cutting a run keeps it.
+    """
+    streams = jax.vmap(lambda k: jax.random.fold_in(k, PREDICTIVE_STREAM))(chain_keys(seed, chains))
+    iterations = first + thinning * jnp.arange(draws, dtype=jnp.int32)
+    return jax.vmap(lambda k: jax.vmap(lambda i: jax.random.fold_in(k, i))(iterations))(streams)
 
 
 def program_args(phase: str, chains: int, dim: int, dtype, dense_mass: bool) -> tuple:

@@ -39,6 +39,8 @@ class FlatModel:
         Names of each variable's axes beyond ``(chain, draw)``, and the coordinates of named dims.
     log_likelihood_fn
         Flat position -> dict of each observed site's pointwise log-likelihood, or None.
+    predictive_fn
+        ``(flat position, PRNG key)`` -> dict of a draw of each observed site, or None.
     """
 
     logdensity_fn: Callable[[Array], Array]
@@ -52,6 +54,7 @@ class FlatModel:
     dims: dict[str, list[str]] = field(default_factory=dict)
     coords: dict[str, list] = field(default_factory=dict)
     log_likelihood_fn: Callable[[Array], dict[str, Array]] | None = None
+    predictive_fn: Callable[[Array, Array], dict[str, Array]] | None = None
 
 
 class Target(Protocol):

@@ -84,8 +84,11 @@ class _Labelled:
         model = self.target.build()
         return replace(model, dims={**model.dims, **self.dims}, coords={**model.coords, **self.coords})
 
-    def with_log_likelihood(self) -> _Labelled:
-        return _Labelled(self.target.with_log_likelihood(), self.dims, self.coords)
+    def with_outputs(self, **outputs) -> _Labelled:
+        return _Labelled(self.target.with_outputs(**outputs), self.dims, self.coords)
+
+    def sample_prior(self, draws: int, seed: int):
+        return self.target.sample_prior(draws, seed)
 
 
 def _coin_toss():

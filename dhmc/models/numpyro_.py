@@ -42,7 +42,8 @@ class NumPyroTarget:
     (a NumPyro init strategy such as ``init_to_median()``, or a dict of site values for
     ``init_to_value``) at the strategy's point plus ``U(-0.5, 0.5)``, unconstrained. Plates name
     the dims of the sites inside them. With ``log_likelihood=True`` the flat model also gives each
-    observed site's log-likelihood (per observation, as :func:`numpyro.infer.log_likelihood`).
+    observed site's log-likelihood (per observation, as :func:`numpyro.infer.log_likelihood`), with
+    ``predictive=True`` a draw of each observed site given the position (the posterior predictive).
     """
 
     model: Callable
@@ -52,12 +53,19 @@ class NumPyroTarget:
     radius: float = 2.0
     log_likelihood: bool = False
     init: Any = None
+    predictive: bool = False
 
-    def with_log_likelihood(self) -> NumPyroTarget:
-        """The same model, its flat model also giving the observed sites' pointwise log-likelihood."""
+    def with_outputs(self, log_likelihood: bool = False, predictive: bool = False) -> NumPyroTarget:
+        """The same model, its flat model also giving pointwise log-likelihoods and/or predictive draws."""
         from dataclasses import replace
 
-        return replace(self, log_likelihood=True)
+        return replace(self, log_likelihood=log_likelihood, predictive=predictive)
+
+    def sample_prior(self, draws: int, seed: int) -> tuple[dict, dict]:
+        """``(prior, prior_predictive)``: ``draws`` joint draws of the latent (and deterministic) and observed sites."""
+        keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), PRIOR_STREAM), draws)
+        run = jax.jit(jax.vmap(lambda key: _draw_sites(self.model, self.model_args, self.model_kwargs, key)))
+        return jax.tree.map(np.asarray, run(keys))
 
     def build(self) -> FlatModel:
         from numpyro.infer import init_to_uniform
@@ -95,10 +103,17 @@ class NumPyroTarget:
                 latent = constrain_fn(model, args, kwargs, unravel(x))
                 return log_likelihood(model, latent, *args, batch_ndims=0, **kwargs)
 
+        if self.predictive and not observed:
+            raise ValueError(f"predictive=True needs observed sites (obs=...), the model {self.name!r} has none")
+
+        def predictive(x, key):
+            return _draw_sites(model, args, kwargs, key, constrain_fn(model, args, kwargs, unravel(x)))[1]
+
         dims, coords = plate_dims(trace)
         centre = np.asarray(flat) if strategy else np.zeros(flat.size, dtype=flat.dtype)
         return FlatModel(logdensity, constrain, int(flat.size), flat.dtype, centre, 0.5 if strategy else self.radius,
-                         observed, dims=dims, coords=coords, log_likelihood_fn=pointwise)
+                         observed, dims=dims, coords=coords, log_likelihood_fn=pointwise,
+                         predictive_fn=predictive if self.predictive else None)
 
     def _init_strategy(self):
         """NumPyro's init strategy for ``init``; None for the default uniform start."""
@@ -112,6 +127,23 @@ class NumPyroTarget:
             return self.init
         raise TypeError(f"init for a NumPyro model must be a dict of site values or a NumPyro init strategy "
                         f"(init_to_median(), init_to_value(values=...)), got {type(self.init).__name__}")
+
+
+PRIOR_STREAM = 2**32 - 2  # keys of prior draws: fold_in data no kernel iteration reaches
+
+
+def _draw_sites(model, args, kwargs, key, latent=None) -> tuple[dict, dict]:
+    """``(latent and deterministic sites, observed sites)`` of one draw: the latent ones from the prior
+    (or ``latent``), each observed site drawn from its distribution given them."""
+    from numpyro import handlers
+
+    run = handlers.seed(model, key) if latent is None else handlers.substitute(handlers.seed(model, key), latent)
+    trace = handlers.trace(run).get_trace(*args, **kwargs)
+    observed = [n for n, s in trace.items() if s["type"] == "sample" and s.get("is_observed")]
+    drawn = {n: trace[n]["fn"].sample(jax.random.fold_in(key, i + 1)) for i, n in enumerate(observed)}
+    sites = {n: s["value"] for n, s in trace.items()
+             if s["type"] in ("sample", "deterministic") and n not in drawn}
+    return sites, drawn
 
 
 def plate_dims(trace) -> tuple[dict[str, list[str]], dict[str, list]]:

@@ -22,8 +22,9 @@ _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 def is_reference(text) -> bool:
-    """Whether ``text`` reads ``module:attribute`` (``mypkg.models:logdensity``)."""
-    return isinstance(text, str) and bool(_REFERENCE.match(text))
+    """Whether ``text`` reads ``module:attribute`` (``mypkg.models:logdensity``); ``python:...`` names a
+    function given in Python, which a run spec records but cannot import."""
+    return isinstance(text, str) and bool(_REFERENCE.match(text)) and not text.startswith("python:")
 
 
 def import_reference(text: str):

@@ -15,7 +15,7 @@ from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model
 from dhmc.models.reference import bind, import_reference, is_reference
 
-__all__ = ["resolve_target", "with_log_likelihood", "with_labels", "initial_positions", "evaluate"]
+__all__ = ["resolve_target", "with_outputs", "with_labels", "initial_positions", "evaluate"]
 
 
 def resolve_target(target, init, chains, model_args, model_kwargs):
@@ -49,12 +49,19 @@ def resolve_target(target, init, chains, model_args, model_kwargs):
     return LogDensityTarget(target, init, name=name), name, None
 
 
-def with_log_likelihood(target, name: str):
-    """The target whose flat model also gives pointwise log-likelihoods (NumPyro models only)."""
-    if not hasattr(target, "with_log_likelihood"):
-        raise ValueError(f"log_likelihood=True needs a NumPyro model with observed sites; {name!r} is a log "
-                         "density, whose likelihood dhmc cannot tell from its prior")
-    return target.with_log_likelihood()
+def with_outputs(target, name: str, log_likelihood: bool = False, predictive: bool = False, prior: int = 0):
+    """The target whose flat model also gives pointwise log-likelihoods and/or predictive draws.
+
+    Those outputs, and prior draws, need a NumPyro model: a log density does not say which of its
+    terms is the likelihood, nor how to draw data.
+    """
+    if not (log_likelihood or predictive or prior):
+        return target
+    if not hasattr(target, "with_outputs"):
+        asked = "log_likelihood=True" if log_likelihood else "predictive=True" if predictive else "prior"
+        raise ValueError(f"{asked} needs a NumPyro model with observed sites; {name!r} is a log density, whose "
+                         "likelihood and data dhmc cannot tell from its prior")
+    return target.with_outputs(log_likelihood=log_likelihood, predictive=predictive)
 
 
 def with_labels(model: FlatModel, dims, coords) -> FlatModel:

@@ -31,7 +31,7 @@ class VariableSpec:
 
 @dataclass(frozen=True)
 class Layout:
-    """Sizes and variables of a run: the groups ``posterior``, ``sample_stats`` (and ``log_likelihood``).
+    """Sizes and variables of a run: ``posterior``, ``sample_stats`` (``log_likelihood``, ``posterior_predictive``).
 
     Arrays have dims ``(chain, draw, *extra)`` and are chunked as one block of
     ``chains_per_task`` chains by ``draws_per_segment`` draws.
@@ -45,6 +45,7 @@ class Layout:
     sample_stats: dict[str, VariableSpec]
     coords: dict[str, list] = field(default_factory=dict)
     log_likelihood: dict[str, VariableSpec] = field(default_factory=dict)
+    posterior_predictive: dict[str, VariableSpec] = field(default_factory=dict)
 
     @property
     def num_chunks(self) -> int:
@@ -55,8 +56,8 @@ class Layout:
         return -(-self.draws // self.draws_per_segment)
 
     def groups(self) -> dict[str, dict[str, VariableSpec]]:
-        extra = {"log_likelihood": self.log_likelihood} if self.log_likelihood else {}
-        return {"posterior": self.posterior, "sample_stats": self.sample_stats, **extra}
+        extra = {"log_likelihood": self.log_likelihood, "posterior_predictive": self.posterior_predictive}
+        return {"posterior": self.posterior, "sample_stats": self.sample_stats, **{k: v for k, v in extra.items() if v}}
 
     def coords_for(self, dims, sizes: dict | None = None) -> dict[str, np.ndarray]:
         sizes = {"chain": self.chains, "draw": self.draws, **(sizes or {})}
@@ -70,12 +71,13 @@ def fill_value(dtype: str):
 
 
 def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, float_dtype, dims=None,
-                coords=None, log_likelihood=None, observed=None) -> Layout:
+                coords=None, log_likelihood=None, observed=None, predictive=None) -> Layout:
     """Build a :class:`Layout` from ``{name: (shape, dtype)}`` of the constrained variables.
 
     ``dims`` names a variable's axes beyond ``(chain, draw)`` (default ``{name}_dim_{i}``),
     ``coords`` gives a named dim's coordinates (default ``0..n-1``); ``log_likelihood`` holds the
-    observed sites' ``{name: (shape, dtype)}``. Raises ``ValueError`` for dims or coords that do not fit.
+    observed sites' ``{name: (shape, dtype)}``, as does ``predictive`` (their draws). Raises
+    ``ValueError`` for dims or coords that do not fit.
     """
     dims = dict(dims or {})
     coords = {d: list(np.asarray(v).tolist()) for d, v in (coords or {}).items()}
@@ -95,6 +97,7 @@ def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, fl
 
     posterior = specs(variables)
     pointwise = specs(log_likelihood or {})
+    predictions = specs(predictive or {})
     specs({k: (np.shape(v), "float") for k, v in (observed or {}).items()})  # observed dims must fit too
     unknown = sorted(set(dims) - set(variables) - set(log_likelihood or {}) - set(observed or {}))
     if unknown:
@@ -102,7 +105,7 @@ def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, fl
                          f"{', '.join(sorted(variables))}")
     float_dtype = str(np.dtype(float_dtype))
     stats = {k: VariableSpec((), float_dtype if v == "float" else v, ()) for k, v in SAMPLE_STATS.items()}
-    return Layout(chains, draws, chains_per_task, draws_per_segment, posterior, stats, coords, pointwise)
+    return Layout(chains, draws, chains_per_task, draws_per_segment, posterior, stats, coords, pointwise, predictions)
 
 
 def _check_size(dim: str, n: int, name: str, sizes: dict, coords: dict) -> None:

@@ -65,11 +65,11 @@ def is_dhmc_store(path: str | os.PathLike) -> bool:
         return False
 
 
-def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, observed: dict | None = None,
+def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, extra: dict | None = None,
                  overwrite: bool = False) -> zarr.Group:
     """Create an empty store for ``layout``; ``attrs`` (JSON-able) go on the root and every group.
 
-    ``observed`` holds the ``observed_data`` group as ``{name: (dims, array)}``.
+    ``extra`` holds groups written whole now (``observed_data``, ``prior``): ``{group: {name: (dims, array)}}``.
     """
     check_writable(path, overwrite)
     if overwrite and Path(path).exists():
@@ -94,12 +94,12 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, obser
                 dimension_names=["chain", "draw", *spec.dims],
                 **_compression(name, spec.dtype),
             )
-    if observed:
-        g = root.create_group("observed_data", attributes=attrs)
-        sizes = {d: n for dims, value in observed.values() for d, n in zip(dims, np.shape(value), strict=True)}
-        for d, values in layout.coords_for(sorted(sizes), sizes).items():
-            g.create_array(d, data=_coordinate(values), dimension_names=[d])
-        for name, (dims, value) in observed.items():
+    for group, values in (extra or {}).items():
+        g = root.create_group(group, attributes=attrs)
+        sizes = {d: n for dims, value in values.values() for d, n in zip(dims, np.shape(value), strict=True)}
+        for d, coordinate in layout.coords_for(sorted(sizes), sizes).items():
+            g.create_array(d, data=_coordinate(coordinate), dimension_names=[d])
+        for name, (dims, value) in values.items():
             g.create_array(name, data=np.asarray(value), dimension_names=list(dims))
     internal = root.create_group(INTERNAL)
     internal.create_array("done", shape=(layout.num_chunks, layout.num_segments), chunks=(1, 1), dtype="uint8",
@@ -355,4 +355,5 @@ def _layout_from_json(d: dict) -> Layout:
         {k: spec(v) for k, v in d["sample_stats"].items()},
         d.get("coords", {}),
         {k: spec(v) for k, v in d.get("log_likelihood", {}).items()},
+        {k: spec(v) for k, v in d.get("posterior_predictive", {}).items()},
     )
