@@ -182,8 +182,8 @@ def _inputs(target, model_kwargs, init) -> dict | None:
 
 
 def _observers(progress: bool) -> tuple:
-    """The dashboard's publisher always; the progress line on request."""
-    from dhmc.observe.progress import Progress
+    """The dashboard's publisher and link always; the progress bar on request."""
+    from dhmc.observe.progress import DashboardLink, Progress
     from dhmc.observe.publisher import DashboardPublisher
 
-    return (DashboardPublisher(), Progress()) if progress else (DashboardPublisher(),)
+    return (DashboardPublisher(), DashboardLink(), *([Progress()] if progress else []))

@@ -72,8 +72,10 @@ def test_a_numpyro_model_with_json_data_gets_plate_dims_and_log_likelihood(proje
     import dhmc
 
     out = dhmc_cli(project, "sample", "mymodels:regression", "--data", "points.json", "--log-likelihood",
-                   "--chains", 32, "--draws", 100, "--warmup", 150, "--out", "reg.zarr", "--no-progress")
+                   "--chains", 32, "--draws", 100, "--warmup", 150, "--out", "reg.zarr")
     assert out.returncode == 0, out.stderr[-2000:]
+    assert "dhmc: dashboard http" in out.stderr  # the progress bar (tqdm), with tqdm's rate and its total:
+    assert "dhmc warmup" in out.stderr and "dhmc sampling: 100%" in out.stderr and "chain-draws/s" in out.stderr
     tree = dhmc.open_trace(project / "reg.zarr")
     assert tree["log_likelihood"]["y"].dims == ("chain", "draw", "point")
     x = np.linspace(-1, 1, 20)

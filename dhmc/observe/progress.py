@@ -1,50 +1,63 @@
-"""A one-line progress report on stderr: blocks done, draws/s across workers (with ``draws="auto"``:
-min ESS vs target, draws left), the dashboard link."""
+"""What a run prints while it goes: the dashboard's link, and a progress bar (tqdm: a terminal or a notebook).
+
+The bar counts warmup blocks, then chain-draws, with tqdm's rate (chain-draws/s across all workers)
+and ETA; with ``draws="auto"`` its postfix says the min ESS against the target and the draws left.
+"""
 
 from __future__ import annotations
 
 import sys
-import time
 
 
-class Progress:
-    """Prints ``dhmc: warmup round 2/5 | sampling 12/40 blocks, 51,200 chain-draws/s`` in place."""
+class DashboardLink:
+    """Prints ``dhmc: dashboard http://...`` when a run starts, with or without a progress bar."""
 
     def __init__(self, stream=sys.stderr):
-        self.total, self.done, self.stream = 0, 0, stream
-        self.start = time.perf_counter()
-        self.chain_draws = 0
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self.last = float("-inf")
-        self.auto = ""
+        self.stream = stream
 
     def start_run(self, client, run_id: str, plan) -> None:
-        """Print the dashboard link; count the blocks to come."""
-        self.total = plan.num_chunks * plan.num_segments
         if client.dashboard_link:
             print(f"dhmc: dashboard {client.dashboard_link}", file=self.stream, flush=True)
 
-    def _show(self, text: str) -> None:
-        if self.tty:
-            print(f"\rdhmc: {text}\033[K", end="", file=self.stream, flush=True)
-        elif time.perf_counter() - self.last >= 5.0:  # a log file gets a line every few seconds
-            print(f"dhmc: {text}", file=self.stream, flush=True)
-            self.last = time.perf_counter()
+
+class Progress:
+    """A tqdm bar per phase: ``dhmc warmup`` (blocks, round r/R), then ``dhmc sampling`` (chain-draws)."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream, self.bar, self.plan = stream, None, None
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def start_run(self, client, run_id: str, plan) -> None:
+        self.plan = plan
+
+    def _phase(self, name: str, total: int, unit: str, scale: bool = False):
+        """The bar of phase ``name``, started on its first block (a log file gets an update every 5 s)."""
+        if self.bar is None or self.bar.desc != name:
+            from tqdm.auto import tqdm
+
+            self.close()
+            self.bar = tqdm(total=total, desc=name, unit=unit, unit_scale=scale, file=self.stream, leave=True,
+                            mininterval=0.5 if self.tty else 5.0, ascii=None if self.tty else True,
+                            dynamic_ncols=self.tty, ncols=None if self.tty else 120)
+        return self.bar
 
     def warmup_block(self, round_index: int, rounds: int, chunks_done: int, chunks: int) -> None:
-        self._show(f"warmup round {round_index + 1}/{rounds}, {chunks_done}/{chunks} blocks")
-        self.start = time.perf_counter()
+        bar = self._phase("dhmc warmup", rounds * chunks, " blocks")
+        bar.set_postfix_str(f"round {round_index + 1}/{rounds}", refresh=False)
+        bar.update(1)
 
     def sample_block(self, chunk: int, segment: int, result: dict, chain_draws: int) -> None:
-        self.done += 1
-        self.chain_draws += chain_draws
-        rate = self.chain_draws / max(time.perf_counter() - self.start, 1e-9)
-        self._show(f"sampling {self.done}/{self.total} blocks, {rate:,.0f} chain-draws/s{self.auto}")
+        plan = self.plan
+        total = plan.chains * plan.draws if plan is not None else None
+        self._phase("dhmc sampling", total, " chain-draws", scale=True).update(chain_draws)
 
     def convergence_check(self, check: dict) -> None:
         """``draws="auto"``: the min ESS of the draws so far and the draws it suggests are left."""
-        self.auto = f", min ESS {check['min_ess']:,.0f}/{check['target_ess']:,.0f}, ~{check['remaining']:,} draws left"
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"min ESS {check['min_ess']:,.0f}/{check['target_ess']:,.0f}, "
+                                     f"~{check['remaining']:,} draws left")
 
     def close(self) -> None:
-        if self.tty:
-            print(file=self.stream, flush=True)
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
