@@ -29,6 +29,8 @@ fi
   python3 -c "import dask, distributed, zarr, numpyro; print('dask', dask.__version__, 'zarr', zarr.__version__, 'numpyro', numpyro.__version__)"
 } >"$OUT/nvidia-smi.txt" 2>&1
 cat "$OUT/nvidia-smi.txt"
+python3 -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else 'gpu.sh: JAX sees no GPU: install its CUDA build (deploy/README.md: pip install -U \"jax[cuda12]\")')" \
+  || exit 1
 
 CHAINS=${GPU_CHAINS:-1024,4096,16384,65536}
 METHODS=${GPU_METHODS:-dhmc,floor,blackjax,numpyro}
