@@ -57,6 +57,7 @@ def sample(
     dims: dict | None = None,
     coords: dict | None = None,
     adapted_from: str | Path | None = None,
+    save_warmup: bool = False,
 ) -> xr.DataTree:
     """Sample an ensemble of HMC chains on a Dask cluster.
 
@@ -104,6 +105,8 @@ def sample(
     dims, coords
         Names of a variable's axes (``{"theta": ["school"]}``) and a dim's coordinates
         (``{"school": [...]}``), on top of those NumPyro plates give.
+    save_warmup
+        Keep the warmup's draws too, in a ``warmup_posterior`` group (``(chain, warmup, ...)``).
     adapted_from
         A store whose adapted step size, trajectory length and mass matrix this run takes (its warmup,
         if any, then only moves the chains).
@@ -127,11 +130,11 @@ def sample(
         options, params = adapted_options(adapted_from, options, model.dim)
         dense_mass = params["inverse_mass_matrix"].ndim == 2
     layout = layout_for(model, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
-                        auto=options["target_ess"] is not None)
+                        auto=options["target_ess"] is not None, warmup_draws=options["warmup"] if save_warmup else 0)
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=layout.chains_per_task,
                    draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),
-                   predictive=bool(predictive), **options)
+                   predictive=bool(predictive), save_warmup=bool(save_warmup), **options)
     if store is not None:
         from dhmc.storage import zarr_
 

@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-draws", type=int, default=None, help="with --draws auto: at most this many (10000)")
     s.add_argument("--warmup", type=int, default=1000)
     s.add_argument("--thinning", type=int, default=1, help="keep a draw every N transitions")
+    s.add_argument("--save-warmup", action="store_true", help="keep the warmup draws (group warmup_posterior)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--chains-per-task", type=int, default=None)
     s.add_argument("--kernel", default="chees", help="chees (default), mams or hmc")
@@ -129,7 +130,7 @@ def _sample(args) -> int:
     data = read_inputs(args.data, "data") if args.data else {}
     init = read_inputs(args.init, "init") if args.init else None
     trace = dhmc.sample(args.model, model_kwargs=data, init=init, log_likelihood=args.log_likelihood,
-                        thinning=args.thinning,
+                        thinning=args.thinning, save_warmup=args.save_warmup,
                         chains=args.chains, draws=args.draws, warmup=args.warmup, seed=args.seed,
                         kernel=args.kernel, step_size=args.step_size, num_steps=args.num_steps,
                         trajectory_length=args.trajectory_length, adapt=args.adapt, dense_mass=args.dense_mass,

@@ -94,3 +94,19 @@ def test_adapted_from_a_store_of_another_size_is_refused(client2, tmp_path):
     dhmc.sample("coin_toss", chains=16, draws=20, warmup=50, store=source, cluster=client2, progress=False)
     with pytest.raises(ValueError, match="mass matrix for 2 dimensions, the model has 10"):
         dhmc.sample("eight_schools", chains=16, draws=20, adapted_from=source, cluster=client2, progress=False)
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
+def test_save_warmup_keeps_every_warmup_draw_and_changes_no_draw(client2, tmp_path, store):
+    common = dict(chains=32, draws=50, warmup=200, chains_per_task=16, cluster=client2, progress=False)
+    path = tmp_path / "w.zarr" if store else None
+    kept = dhmc.sample("gaussian_2d", save_warmup=True, store=path, **common)
+    plain = dhmc.sample("gaussian_2d", **common)
+    warm = kept["warmup_posterior"]["x"]
+    assert warm.dims == ("chain", "draw", "axis") and warm.shape == (32, 200, 2)
+    assert np.isfinite(warm.values).all()
+    np.testing.assert_array_equal(kept["posterior"]["x"].values, plain["posterior"]["x"].values)
+    assert abs(warm.values[:, -50:].mean() - 5.0) < 0.5  # the last rounds are in the posterior (mean 5)
+    if store:
+        np.testing.assert_array_equal(zarr_.open_store(path)[0]["dhmc/warmup_position"][...], warm.values[:, -1])
+        np.testing.assert_array_equal(dhmc.open_trace(path)["warmup_posterior"]["x"].values, warm.values)

@@ -40,6 +40,7 @@ class KernelConfig:
     dense_mass: bool = False
     divergence_threshold: float | None = None  # None: 1000 for HMC (Stan's), 20 for MAMS (see build_kernel)
     thinning: int = 1  # sampling keeps every ``thinning``-th transition (warmup ignores it)
+    record_warmup: int = 0  # warmup also returns the positions of its first this many iterations
 
 
 class Params(NamedTuple):
@@ -194,10 +195,12 @@ def find_step_size(logdensity_fn: LogDensityFn, states: hmc.HMCState, inverse_ma
 def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
     """Return ``run(keys, positions, params, first_iteration, num_iterations, adapt, collect_mass, find_step)``.
 
-    The result is ``(positions, WarmupStats)``. With ``adapt``, the step size follows dual averaging
-    on the chunk's harmonic-mean acceptance and (for ``"chees"`` and ``"mams"``) the trajectory length follows
-    ChEES; with ``collect_mass``, positions from the second half of the round are accumulated for
-    the mass matrix. All counts and flags are traced, so one compiled program serves every round.
+    The result is ``(positions, WarmupStats)``, and with ``config.record_warmup = R`` the positions
+    after each of the first ``R`` iterations, ``(chains, R, d)``, as a third element. With ``adapt``,
+    the step size follows dual averaging on the chunk's harmonic-mean acceptance and (for ``"chees"``
+    and ``"mams"``) the trajectory length follows ChEES; with ``collect_mass``, positions from the
+    second half of the round are accumulated for the mass matrix. All counts and flags are traced,
+    so one compiled program serves every round.
     ``"mams"`` adapts exactly as ``"chees"``: its proposal velocity ``dx/dt`` enters the same criterion.
     """
     da = dual_averaging(config.target_accept)
@@ -214,12 +217,15 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
         )
         traj0 = jnp.where(params.trajectory_length > 0, params.trajectory_length, eps0).astype(positions.dtype)
         zero = jnp.zeros((), positions.dtype)
+        record = config.record_warmup
         carry = (states, da.init(eps0), ch.init(traj0), wf.init(positions.shape[1], positions.dtype),
                  zero, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        if record:
+            carry += (jnp.zeros((positions.shape[0], record, dim), positions.dtype),)
         keep = lambda flag, new, old: jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
 
         def body(i, carry):
-            states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = carry
+            states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = carry[:7]
             eps = jnp.exp(da_state.log_step_size)
             length = jnp.clip(jnp.exp(ch_state.log_length), eps, max_trajectory_length(config, dim, eps))
             p = Params(eps, params.inverse_mass_matrix, length)
@@ -238,15 +244,19 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
             acc_sum = acc_sum + jnp.mean(info.acceptance_rate)
             div_sum = div_sum + jnp.sum(info.diverging, dtype=jnp.int32)
             grads = grads + info.n_steps[0] * keys.shape[0]
-            return states, da_state, ch_state, wf_state, acc_sum, div_sum, grads
+            out = (states, da_state, ch_state, wf_state, acc_sum, div_sum, grads)
+            if record:
+                recorded = jax.lax.dynamic_update_slice_in_dim(carry[7], states.position[:, None], i, axis=1)
+                out += (jnp.where(i < record, recorded, carry[7]),)
+            return out
 
-        states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = jax.lax.fori_loop(
-            0, num_iterations, body, carry)
+        final = jax.lax.fori_loop(0, num_iterations, body, carry)
+        states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = final[:7]
         eps = jnp.where(adapt, da.final(da_state), eps0)
         length = ch.final(ch_state) if config.kind in JITTERED else params.trajectory_length
         if config.kind == "mams":
             length = jnp.clip(length, eps, max_trajectory_length(config, dim, eps))
         stats = WarmupStats(eps, length, wf_state, acc_sum / jnp.maximum(num_iterations, 1), div_sum, grads)
-        return states.position, stats
+        return (states.position, stats, final[7]) if record else (states.position, stats)
 
     return run

@@ -71,7 +71,8 @@ def drive(run: RunContext, startup: Startup):
             return sink.tree(attrs)
         from dhmc.storage import zarr_
 
-        for node in ("", *run.layout.groups(), "observed_data", "prior", "prior_predictive"):
+        for node in ("", *run.layout.groups(), *run.layout.warmup_groups(), "observed_data", "prior",
+                     "prior_predictive"):
             if not node or node in root:
                 (root[node] if node else root).attrs.update(attrs)
         return zarr_.open_trace(run.store)

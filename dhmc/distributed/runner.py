@@ -21,7 +21,6 @@ from dask.utils import parse_timedelta
 
 from dhmc.core.adaptation.welford import WelfordState, welford
 from dhmc.distributed import config
-from dhmc.distributed.plan import warmup_rounds
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.worker import Job, run_job
 
@@ -211,7 +210,7 @@ class Runner:
         start = time.perf_counter()
         history: list[dict] = []
         wf = welford(spec.dense_mass, xp=np)
-        rounds = warmup_rounds(spec.warmup) if spec.adapt else [spec.warmup]
+        rounds = spec.warmup_rounds
         first = 0
         for r, n in enumerate(rounds):
             collect = spec.adapt and r < len(rounds) - 1
@@ -230,6 +229,9 @@ class Runner:
             finally:
                 self._cancel(blocks)
             results = [results[c] for c in range(plan.num_chunks)]
+            for c, result in enumerate(results):
+                if "warmup_draws" in result:  # save_warmup
+                    self.sink.write_warmup(c, first, result["warmup_draws"])
             positions = np.concatenate([res["position"] for res in results])
             if spec.adapt:
                 params, summary = self._merge(params, results, wf if collect else None)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 import jax
 import numpy as np
 
 from dhmc.core.ensemble import KERNELS
-from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment
+from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment, warmup_rounds
 from dhmc.storage import schema
 
 
@@ -41,6 +41,7 @@ class RunSpec:
     adapted_from: str | None = None  # the store whose adapted parameters the run started from
     predictive: bool = False  # a NumPyro model's posterior predictive draws are stored too
     prior: int = 0  # draws from a NumPyro model's prior (and prior predictive), made before sampling
+    save_warmup: bool = False  # the warmup's draws are kept too (group ``warmup_posterior``)
 
     @property
     def plan(self) -> Plan:
@@ -51,7 +52,13 @@ class RunSpec:
         from dhmc.core.ensemble import KernelConfig
 
         return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
-                            dense_mass=self.dense_mass, thinning=self.thinning)
+                            dense_mass=self.dense_mass, thinning=self.thinning,
+                            record_warmup=max(self.warmup_rounds, default=0) if self.save_warmup else 0)
+
+    @property
+    def warmup_rounds(self) -> list[int]:
+        """Iterations per warmup round (one round of burn-in without adaptation)."""
+        return warmup_rounds(self.warmup) if self.adapt else [self.warmup] if self.warmup else []
 
 
 DEFAULT_TARGET_ESS = 1000.0
@@ -140,7 +147,7 @@ def _check_draws(draws, target_ess, max_draws) -> tuple[int, float | None, int |
 
 
 def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu: bool,
-               auto: bool = False) -> schema.Layout:
+               auto: bool = False, warmup_draws: int = 0) -> schema.Layout:
     """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
     chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
     position = jax.ShapeDtypeStruct((model.dim,), model.dtype)
@@ -153,8 +160,9 @@ def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu:
     every = [*variables.values(), *pointwise.values(), *predictive.values()]
     bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in every) + 4 * 8
     dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, auto)
-    return schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims, model.coords,
-                              pointwise, model.observed_data, predictive)
+    layout = schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims,
+                                model.coords, pointwise, model.observed_data, predictive)
+    return replace(layout, warmup_draws=int(warmup_draws))
 
 
 def _check_integer(low: int, **values) -> None:

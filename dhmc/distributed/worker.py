@@ -134,7 +134,11 @@ def build_program(model, config: KernelConfig, phase: str, num_iterations: int):
         run = warmup_chunk(model.logdensity_fn, config)
 
         def program(seed, chains, positions, params, first, n, adapt, collect, find_step):
-            return run(chain_keys(seed, chains), positions, params, first, n, adapt, collect, find_step)
+            out = run(chain_keys(seed, chains), positions, params, first, n, adapt, collect, find_step)
+            if not config.record_warmup:
+                return out
+            end, stats, recorded = out  # save_warmup: the round's draws, constrained
+            return end, (stats, jax.vmap(jax.vmap(model.constrain_fn))(recorded))
 
         return program
     run = sample_chunk(model.logdensity_fn, config, num_iterations)
@@ -254,6 +258,9 @@ def run_job(job: Job) -> dict:
     result = {"position": end, "seconds": seconds, "compile_seconds": compile_seconds}
     n = job.chain_stop - job.chain_start
     if job.phase == "warmup":
+        if job.config.record_warmup:
+            out, recorded = out
+            result["warmup_draws"] = {k: v[:, :job.num_iterations] for k, v in recorded.items()}
         result["stats"] = out._asdict() | {"mass": out.mass._asdict()}
         grad_evals, acceptance, divergences = int(out.grad_evals), float(out.acceptance_rate), int(out.divergences)
     else:

@@ -46,6 +46,7 @@ class Layout:
     coords: dict[str, list] = field(default_factory=dict)
     log_likelihood: dict[str, VariableSpec] = field(default_factory=dict)
     posterior_predictive: dict[str, VariableSpec] = field(default_factory=dict)
+    warmup_draws: int = 0  # save_warmup: group ``warmup_posterior`` holds this many draws (the posterior's variables)
 
     @property
     def num_chunks(self) -> int:
@@ -58,6 +59,10 @@ class Layout:
     def groups(self) -> dict[str, dict[str, VariableSpec]]:
         extra = {"log_likelihood": self.log_likelihood, "posterior_predictive": self.posterior_predictive}
         return {"posterior": self.posterior, "sample_stats": self.sample_stats, **{k: v for k, v in extra.items() if v}}
+
+    def warmup_groups(self) -> dict[str, dict[str, VariableSpec]]:
+        """``{"warmup_posterior": ...}`` when warmup draws are kept: one chunk of draws per chunk of chains."""
+        return {"warmup_posterior": self.posterior} if self.warmup_draws else {}
 
     def coords_for(self, dims, sizes: dict | None = None) -> dict[str, np.ndarray]:
         sizes = {"chain": self.chains, "draw": self.draws, **(sizes or {})}
@@ -142,6 +147,10 @@ def to_datatree(layout: Layout, arrays: dict[str, dict[str, np.ndarray]], attrs:
             data[name] = xr.Variable(dims, arrays[group][name])
         all_dims = {d for v in data.values() for d in v.dims}
         tree[group] = xr.Dataset(data, coords=layout.coords_for(sorted(all_dims)), attrs=attrs)
+    for group, specs in layout.warmup_groups().items():
+        data = {name: xr.Variable(("chain", "draw", *s.dims), arrays[group][name]) for name, s in specs.items()}
+        sizes = {d: n for v in data.values() for d, n in v.sizes.items()}
+        tree[group] = xr.Dataset(data, coords=layout.coords_for(sorted(sizes), sizes), attrs=attrs)
     for group, values in (extra_groups or {}).items():
         data = {k: xr.Variable(dims, np.asarray(v)) for k, (dims, v) in values.items()}
         sizes = {d: n for v in data.values() for d, n in v.sizes.items()}

@@ -36,13 +36,13 @@ class MemorySink:
         from concurrent.futures import ThreadPoolExecutor
 
         self.layout, self.extra = layout, extra_groups
-        self.arrays = {
-            group: {name: np.full((layout.chains, layout.draws, *s.shape), schema.fill_value(s.dtype), s.dtype)
-                    for name, s in specs.items()}
-            for group, specs in layout.groups().items()
-        }
+        full = lambda draws, s: np.full((layout.chains, draws, *s.shape), schema.fill_value(s.dtype), s.dtype)
+        self.arrays = {group: {name: full(layout.draws, s) for name, s in specs.items()}
+                       for group, specs in layout.groups().items()}
+        self.warmup = {group: {name: full(layout.warmup_draws, s) for name, s in specs.items()}
+                       for group, specs in layout.warmup_groups().items()}
         pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-assemble")
-        self._tree = pool.submit(schema.to_datatree, layout, self.arrays, {}, extra_groups)
+        self._tree = pool.submit(schema.to_datatree, layout, {**self.arrays, **self.warmup}, {}, extra_groups)
         pool.shutdown(wait=False)
 
     def destination(self, chunk: int, segment: int) -> None:
@@ -55,6 +55,12 @@ class MemorySink:
             for name, array in values.items():
                 v = result[group][name]
                 array[c0:c0 + v.shape[0], d0:d0 + v.shape[1]] = v
+
+    def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
+        """``save_warmup``: a warmup block's draws, iterations ``first ..``."""
+        c0 = chunk * self.layout.chains_per_task
+        for name, v in draws.items():
+            self.warmup["warmup_posterior"][name][c0:c0 + v.shape[0], first:first + v.shape[1]] = v
 
     def close(self) -> None:
         pass
@@ -74,7 +80,7 @@ class MemorySink:
         self._tree.result()  # the thread's tree (of max_draws draws) is replaced
 
         self._tree = Future()
-        self._tree.set_result(schema.to_datatree(self.layout, self.arrays, {}, self.extra))
+        self._tree.set_result(schema.to_datatree(self.layout, {**self.arrays, **self.warmup}, {}, self.extra))
 
     def tree(self, attrs: dict) -> xr.DataTree:
         tree = self._tree.result()
@@ -103,6 +109,12 @@ class StoreSink:
 
         check_block(self.layout, chunk, segment, result["written"], self.path)
         mark_done(self.root, chunk, segment)
+
+    def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
+        """``save_warmup``: the driver writes a warmup block's draws (warmup blocks report to it anyway)."""
+        c0 = chunk * self.layout.chains_per_task
+        for name, v in draws.items():
+            self.root[f"warmup_posterior/{name}"][c0:c0 + v.shape[0], first:first + v.shape[1]] = v
 
     def close(self) -> None:
         pass

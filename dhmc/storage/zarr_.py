@@ -78,16 +78,18 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, extra
         shutil.rmtree(path)
     root = zarr.open_group(str(path), mode="w-", zarr_format=3)
     root.attrs.update({**attrs, "dhmc_layout": _layout_to_json(layout)})
-    cpt, dps = layout.chains_per_task, layout.draws_per_segment
-    for group, specs in layout.groups().items():
+    cpt = layout.chains_per_task
+    groups = [(g, s, layout.draws, layout.draws_per_segment) for g, s in layout.groups().items()]
+    groups += [(g, s, layout.warmup_draws, layout.warmup_draws) for g, s in layout.warmup_groups().items()]
+    for group, specs, draws, dps in groups:
         g = root.create_group(group, attributes=attrs)
         extra_dims = {d for s in specs.values() for d in s.dims}
-        for name, values in layout.coords_for(["chain", "draw", *sorted(extra_dims)]).items():
+        for name, values in layout.coords_for(["chain", "draw", *sorted(extra_dims)], {"draw": draws}).items():
             g.create_array(name, data=_coordinate(values), dimension_names=[name])
         for name, spec in specs.items():
             g.create_array(
                 name,
-                shape=(layout.chains, layout.draws, *spec.shape),
+                shape=(layout.chains, draws, *spec.shape),
                 chunks=(cpt, dps, *spec.shape),
                 dtype=spec.dtype,
                 fill_value=fill_value(spec.dtype),
@@ -356,4 +358,5 @@ def _layout_from_json(d: dict) -> Layout:
         d.get("coords", {}),
         {k: spec(v) for k, v in d.get("log_likelihood", {}).items()},
         {k: spec(v) for k, v in d.get("posterior_predictive", {}).items()},
+        d.get("warmup_draws", 0),
     )
