@@ -373,3 +373,40 @@ def test_job_replacer_replaces_lost_jobs_until_its_budget_is_spent():
     cluster.workers.clear()
     replacer.check()
     assert cluster.worker_spec == {} and cluster.workers == {} and replacer.left == 0
+
+
+USER_MODULE = '''
+import numpyro
+import numpyro.distributions as dist
+
+
+def regression(x, y=None):
+    slope = numpyro.sample("slope", dist.Normal(0.0, 10.0))
+    with numpyro.plate("point", x.shape[0]):
+        numpyro.sample("y", dist.Normal(slope * x, 1.0), obs=y)
+'''
+
+
+@pytest.mark.slurm
+def test_a_users_module_runs_in_slurm_jobs_from_the_command_line(local_slurm, tmp_path):
+    """What the sbatch driver runs: ``dhmc sample pkg.module:function --data`` with Slurm workers, which
+    never import the user's module (it travels by value)."""
+    import json
+    import sys
+
+    import numpy as np
+
+    import dhmc
+
+    (tmp_path / "usermodels.py").write_text(USER_MODULE)
+    x = np.linspace(-1, 1, 20)
+    (tmp_path / "points.json").write_text(json.dumps({"x": x.tolist(), "y": (2.0 * x).tolist()}))
+    out = subprocess.run([sys.executable, "-m", "dhmc", "sample", "usermodels:regression", "--data", "points.json",
+                          "--chains", "32", "--draws", "100", "--warmup", "100", "--cluster", "slurm",
+                          "--cluster-option", f"log_directory={tmp_path}", "--cluster-option",
+                          f"local_directory={tmp_path}", "--out", "reg.zarr", "--no-progress"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    slope = dhmc.open_trace(tmp_path / "reg.zarr")["posterior"]["slope"].values
+    sd = 1.0 / np.sqrt(np.sum(x**2) + 1e-2)
+    assert abs(slope.mean() - sd**2 * np.sum(2.0 * x**2)) < 5 * sd / np.sqrt(slope.size / 10)
