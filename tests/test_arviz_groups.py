@@ -13,19 +13,11 @@ from numpyro.infer import init_to_median
 from numpyro.infer.util import log_likelihood
 
 import dhmc
+from dhmc.models.examples import EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y, eight_schools_model
 from dhmc.models.numpyro_ import NumPyroTarget
 
-Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
-SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
-
-
-def schools(sigma, y=None):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
-    with numpyro.plate("school", len(sigma)):
-        theta_tilde = numpyro.sample("theta_tilde", dist.Normal(0.0, 1.0))
-        theta = numpyro.deterministic("theta", mu + tau * theta_tilde)
-        numpyro.sample("obs", dist.Normal(theta, sigma), obs=y)
+Y, SIGMA = EIGHT_SCHOOLS_Y, EIGHT_SCHOOLS_SIGMA
+schools = eight_schools_model  # non-centred, with a plate "school"
 
 
 def grouped(y=None):
