@@ -245,9 +245,8 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
             div_sum = div_sum + jnp.sum(info.diverging, dtype=jnp.int32)
             grads = grads + info.n_steps[0] * keys.shape[0]
             out = (states, da_state, ch_state, wf_state, acc_sum, div_sum, grads)
-            if record:
-                recorded = jax.lax.dynamic_update_slice_in_dim(carry[7], states.position[:, None], i, axis=1)
-                out += (jnp.where(i < record, recorded, carry[7]),)
+            if record:  # a round has at most ``record`` iterations: i < record
+                out += (jax.lax.dynamic_update_slice_in_dim(carry[7], states.position[:, None], i, axis=1),)
             return out
 
         final = jax.lax.fori_loop(0, num_iterations, body, carry)
