@@ -150,13 +150,12 @@ def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu:
                auto: bool = False, warmup_draws: int = 0) -> schema.Layout:
     """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
     chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
-    position = jax.ShapeDtypeStruct((model.dim,), model.dtype)
-    shapes = lambda fn: {k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(fn, position).items()}
+    position, key = jax.ShapeDtypeStruct((model.dim,), model.dtype), jax.ShapeDtypeStruct((2,), np.uint32)
+    shapes = lambda fn, *args: {} if fn is None else {
+        k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(fn, position, *args).items()}
     variables = shapes(model.constrain_fn)
-    pointwise = shapes(model.log_likelihood_fn) if model.log_likelihood_fn is not None else {}
-    key = jax.ShapeDtypeStruct((2,), np.uint32)
-    predictive = {} if model.predictive_fn is None else {
-        k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(model.predictive_fn, position, key).items()}
+    pointwise = shapes(model.log_likelihood_fn)
+    predictive = shapes(model.predictive_fn, key)
     every = [*variables.values(), *pointwise.values(), *predictive.values()]
     bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in every) + 4 * 8
     dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, auto)

@@ -139,19 +139,11 @@ def to_datatree(layout: Layout, arrays: dict[str, dict[str, np.ndarray]], attrs:
     """
     import xarray as xr
 
+    chunked = {**layout.groups(), **layout.warmup_groups()}
+    groups = {group: {name: (("chain", "draw", *spec.dims), arrays[group][name]) for name, spec in specs.items()}
+              for group, specs in chunked.items()}
     tree = {}
-    for group, specs in layout.groups().items():
-        data = {}
-        for name, spec in specs.items():
-            dims = ("chain", "draw", *spec.dims)
-            data[name] = xr.Variable(dims, arrays[group][name])
-        all_dims = {d for v in data.values() for d in v.dims}
-        tree[group] = xr.Dataset(data, coords=layout.coords_for(sorted(all_dims)), attrs=attrs)
-    for group, specs in layout.warmup_groups().items():
-        data = {name: xr.Variable(("chain", "draw", *s.dims), arrays[group][name]) for name, s in specs.items()}
-        sizes = {d: n for v in data.values() for d, n in v.sizes.items()}
-        tree[group] = xr.Dataset(data, coords=layout.coords_for(sorted(sizes), sizes), attrs=attrs)
-    for group, values in (extra_groups or {}).items():
+    for group, values in {**groups, **(extra_groups or {})}.items():
         data = {k: xr.Variable(dims, np.asarray(v)) for k, (dims, v) in values.items()}
         sizes = {d: n for v in data.values() for d, n in v.sizes.items()}
         tree[group] = xr.Dataset(data, coords=layout.coords_for(sorted(sizes), sizes), attrs=attrs)
