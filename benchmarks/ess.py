@@ -2,7 +2,7 @@
 
 Samplers (each run in its own fresh process):
 
-* ``dhmc``: ``dhmc.sample(target, chains=128, warmup=1000, draws=1000)`` -- the default kernel
+* ``dhmc``: ``dhmc.sample(target, chains=128, draws=1000)`` (``warmup="auto"``, its default) -- the default kernel
   ("chees": jittered trajectories, ensemble-adapted step size, length and diagonal mass), embedded
   default cluster (its start counts).
 * ``dhmc-mams``: the same call with ``kernel="mams"`` (Metropolis-adjusted microcanonical dynamics). A dhmc
@@ -318,7 +318,9 @@ def _child(cfg: dict, out: dict) -> dict:
         import dhmc.api  # noqa: F401
 
         t = time.perf_counter()
-        tree = dhmc.sample(problem.dhmc_target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=cfg["warmup"],
+        warmup = cfg.get("dhmc_warmup", "auto")
+        warmup = warmup if warmup == "auto" else int(warmup)
+        tree = dhmc.sample(problem.dhmc_target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
                            seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **problem.dhmc_kwargs)
         post = {k: v.values for k, v in tree["posterior"].data_vars.items()}
         out["total_s"] = time.perf_counter() - t
@@ -606,7 +608,8 @@ def main(argv=None) -> int:
                     type=lambda s: [x for x in s.split(",") if x],
                     help="comma-separated: reference posteriors (prefixes such as kidiq work), gauss100, funnel, "
                          "gauss100_rot, eight_schools (default: eight_schools)")
-    ap.add_argument("--warmup", type=int, default=1000)
+    ap.add_argument("--warmup", type=int, default=1000, help="warmup iterations of the peers (NumPyro's default)")
+    ap.add_argument("--dhmc-warmup", default="auto", help="dhmc's warmup: auto (its default) or a number")
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--dhmc-chains", type=int, default=128)
     ap.add_argument("--blackjax-chains", type=int, default=128, help="chains of both BlackJAX samplers")
@@ -659,6 +662,7 @@ def main(argv=None) -> int:
         for problem in problems:
             for sampler in samplers:
                 cfg = {"problem": problem, "sampler": sampler, "warmup": args.warmup, "draws": args.draws,
+                       "dhmc_warmup": args.dhmc_warmup,
                        "seed": args.seed + rep, "dhmc_chains": args.dhmc_chains,
                        "blackjax_chains": args.blackjax_chains, "numpyro_chains": args.numpyro_chains,
                        "numpyro_chain_method": args.numpyro_chain_method, "numpyro_split": args.numpyro_split,

@@ -31,7 +31,7 @@ def sample(
     init=None,
     chains: int = 1024,
     draws: int | str = 1000,
-    warmup: int = 1000,
+    warmup: int | str = "auto",
     seed: int = 0,
     kernel: str = "chees",
     step_size: float | None = None,
@@ -58,6 +58,7 @@ def sample(
     coords: dict | None = None,
     adapted_from: str | Path | None = None,
     save_warmup: bool = False,
+    max_warmup: int | None = None,
 ) -> xr.DataTree:
     """Sample an ensemble of HMC chains on a Dask cluster.
 
@@ -72,8 +73,12 @@ def sample(
         start uniformly in [-2, 2] in unconstrained space; give a dict of site values or a NumPyro init
         strategy (``init_to_median()``) to start near its point.
     chains, draws, warmup, seed, thinning
-        Ensemble size, draws kept per chain (or ``"auto"``), adaptation iterations, random seed; a
-        draw is kept every ``thinning`` transitions.
+        Ensemble size, draws kept per chain (or ``"auto"``), adaptation iterations (or ``"auto"``),
+        random seed; a draw is kept every ``thinning`` transitions.
+    max_warmup
+        With ``warmup="auto"`` (the default): adapt in rounds of 25 iterations until the ensemble has
+        converged (its moments agree with the last round's, its chains move, step size and trajectory
+        length are stable), at most ``max_warmup`` (1000) iterations; reaching it first warns.
     kernel
         ``"chees"`` (HMC, jittered trajectories of ChEES-adapted length), ``"mams"`` (Metropolis-adjusted
         microcanonical dynamics, same adaptation; needs two or more dimensions) or ``"hmc"`` (fixed steps).
@@ -120,7 +125,7 @@ def sample(
     options = check_options(chains=chains, draws=draws, warmup=warmup, kernel=kernel, step_size=step_size,
                             num_steps=num_steps, trajectory_length=trajectory_length, adapt=adapt,
                             target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
-                            max_draws=max_draws, thinning=thinning, prior=prior)
+                            max_draws=max_draws, thinning=thinning, prior=prior, max_warmup=max_warmup)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
     resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"])
     model = with_labels(resolved.build(), dims, coords)
@@ -130,7 +135,7 @@ def sample(
         options, params = adapted_options(adapted_from, options, model.dim)
         dense_mass = params["inverse_mass_matrix"].ndim == 2
     layout = layout_for(model, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
-                        auto=options["target_ess"] is not None, warmup_draws=options["warmup"] if save_warmup else 0)
+                        target_ess=options["target_ess"], warmup_draws=options["warmup"] if save_warmup else 0)
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=layout.chains_per_task,
                    draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),

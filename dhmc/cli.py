@@ -25,7 +25,7 @@ def _draws(text: str):
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--draws", type=_draws, default=1000, help="draws per chain, or auto: until --target-ess")
     s.add_argument("--target-ess", type=float, default=None, help="with --draws auto: bulk and tail ESS (1000)")
     s.add_argument("--max-draws", type=int, default=None, help="with --draws auto: at most this many (10000)")
-    s.add_argument("--warmup", type=int, default=1000)
+    s.add_argument("--warmup", type=_draws, default="auto",
+                   help="adaptation iterations, or auto (default): until the ensemble converged")
+    s.add_argument("--max-warmup", type=int, default=None, help="with --warmup auto: at most this many (1000)")
     s.add_argument("--thinning", type=int, default=1, help="keep a draw every N transitions")
     s.add_argument("--save-warmup", action="store_true", help="keep the warmup draws (group warmup_posterior)")
     s.add_argument("--seed", type=int, default=0)
@@ -136,7 +138,8 @@ def _sample(args) -> int:
                         trajectory_length=args.trajectory_length, adapt=args.adapt, dense_mass=args.dense_mass,
                         target_accept=args.target_accept, chains_per_task=args.chains_per_task, store=args.out,
                         overwrite=args.overwrite, cluster=args.cluster, cluster_options=dict(args.cluster_option),
-                        progress=args.progress, target_ess=args.target_ess, max_draws=args.max_draws)
+                        progress=args.progress, target_ess=args.target_ess, max_draws=args.max_draws,
+                        max_warmup=args.max_warmup)
     _print_result(trace, args.out)
     return 0
 

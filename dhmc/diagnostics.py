@@ -62,10 +62,27 @@ def check(trace: xr.DataTree, table=None) -> list[str]:
         total = trace["sample_stats"]["diverging"].size
         warnings.append(f"{n} divergent transitions ({100 * n / total:.2g}% of draws): the posterior may be biased; "
                         "reparameterise or raise target_accept")
+    history = _attr(trace, "dhmc_warmup") or []
+    last = history[-1].get("check", {}) if history else {}
+    if last and not last.get("converged"):
+        warnings.append(f"warmup='auto' reached its cap ({sum(h['iterations'] for h in history)} iterations) before "
+                        f"the ensemble converged (drift |z| {last['drift_mean']:.3g} and {last['drift_variance']:.3g} "
+                        f"of at most {last['critical']:.3g}, displacement {last['displacement']:.3g} of at least 0.3)")
     low_bfmi = int((ebfmi(trace) < 0.3).sum())
     if low_bfmi:
         warnings.append(f"E-BFMI below 0.3 in {low_bfmi} chains: momentum resampling explores energy poorly")
     return warnings
+
+
+def _attr(trace, name):
+    """A JSON attribute of the run (the posterior group's), decoded; None if absent."""
+    import json
+
+    try:
+        value = trace["posterior"].attrs[name]
+    except (KeyError, TypeError):
+        return None
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _posterior(trace, var_names):
@@ -76,10 +93,8 @@ def _posterior(trace, var_names):
 
 
 def _default_superchains(trace, chains):
-    import json
-
     try:
-        cpt = json.loads(trace["posterior"].attrs["dhmc_run_spec"])["chains_per_task"]
+        cpt = _attr(trace, "dhmc_run_spec")["chains_per_task"]
     except (KeyError, ValueError, TypeError):
         return 4
     k = chains // cpt

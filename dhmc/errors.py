@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["BlockTimeoutError", "ModelMismatchError", "NoWorkersError", "StoreLockedError", "WorkerCrashError"]
+__all__ = ["BlockTimeoutError", "ConvergenceWarning", "ModelMismatchError", "NoWorkersError", "StoreLockedError",
+           "WorkerCrashError"]
+
+
+class ConvergenceWarning(UserWarning):
+    """A run's draws may not represent the posterior: warmup reached ``max_warmup`` before the ensemble
+    converged, ``draws="auto"`` reached ``max_draws`` first, or the final R-hat exceeds 1.01.
+
+    The message gives the numbers; ``dhmc summary STORE`` repeats them. Turn it into an error with
+    ``warnings.simplefilter("error", dhmc.ConvergenceWarning)``.
+    """
 
 
 class WorkerCrashError(RuntimeError):

@@ -3,7 +3,7 @@
 The target is a 2-D standard normal sampled by fixed HMC whose trajectory is a quarter period
 (16 steps of pi/32): each draw is nearly independent of the last, so the ensemble's ESS is about
 chains x draws. With 8 chains and target_ess=2000 the rule is met near 250 draws; segments are
-100 draws (``max_draws / AUTO_CHECKS`` is below ``MIN_DRAWS_PER_SEGMENT``), so the run should stop
+100 draws (``4 target_ess / chains`` is above ``MIN_DRAWS_PER_SEGMENT``), so the run should stop
 at 300 draws. ESS estimates scatter by some 10% at this size, and the min over four of them (bulk
 and tail of two coordinates) sits below their mean: 400 may happen, 200 would need an estimate
 25% high on all four, and 500 or more one 40% low, so the test accepts 300 or 400.

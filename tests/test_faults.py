@@ -59,13 +59,41 @@ def test_killed_worker_changes_nothing(tmp_path):
     assert same_trace(tmp_path / "ref.zarr", tmp_path / "hit.zarr")
 
 
+def test_a_worker_killed_during_automatic_warmup_changes_nothing(tmp_path):
+    """warmup="auto" decides when to stop from merged statistics: a block lost and re-run elsewhere must
+    give the same statistics, the same rounds and the same draws."""
+    from distributed import Client, LocalCluster
+
+    kw = dict(init={"x": jnp.zeros(3)}, chains=128, draws=200, seed=12, chains_per_task=16, progress=False)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        reference = dhmc.sample(logdensity, cluster=client, **kw)
+        out = {}
+        thread = threading.Thread(target=lambda: out.setdefault("trace", dhmc.sample(logdensity, cluster=client, **kw)))
+        thread.start()
+        deadline, victim = time.time() + 120, None
+        while victim is None and time.time() < deadline:
+            for worker, keys in client.processing().items():
+                if any("-warmup-1-" in str(key) for key in keys):
+                    victim = client.run(os.getpid, workers=[worker])[worker]
+            time.sleep(0.02)
+        assert victim is not None, "no worker was seen running warmup's second round"
+        os.kill(victim, signal.SIGKILL)
+        thread.join(600)
+    assert "trace" in out, "the run did not finish after a worker was killed"
+    assert out["trace"]["posterior"].attrs["dhmc_warmup"] == reference["posterior"].attrs["dhmc_warmup"]
+    for group in ("posterior", "sample_stats"):
+        for name in reference[group].data_vars:
+            assert np.array_equal(reference[group][name].values, out["trace"][group][name].values), (group, name)
+
+
 def _cli(*args):
     return [sys.executable, "-m", "dhmc", *map(str, args)]
 
 
 def test_killed_driver_resumes_bitwise(tmp_path):
-    """With MAMS (the store-safety tests kill the default kernel's drivers)."""
-    args = ["sample", "coin_toss", "--chains", 128, "--draws", 3000, "--warmup", 200, "--seed", 3,
+    """With MAMS and the automatic warmup (the store-safety tests kill the default kernel's drivers)."""
+    args = ["sample", "coin_toss", "--chains", 128, "--draws", 3000, "--seed", 3,
             "--chains-per-task", 16, "--kernel", "mams", "--no-progress"]
     full = subprocess.run(_cli(*args, "--out", tmp_path / "full.zarr"), capture_output=True, text=True, timeout=600)
     assert full.returncode == 0, full.stderr[-1500:]

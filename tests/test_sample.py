@@ -51,10 +51,10 @@ def test_logdensity_with_client_gaussian_2d(client2):
     assert abs(np.corrcoef(flat.T)[0, 1] + 0.75) < 0.02
 
 
-@pytest.mark.parametrize("kernel", ["chees", "mams"])
-def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel):
-    kw = dict(init={"x": jnp.zeros(3)}, chains=64, draws=120, warmup=150, seed=5, chains_per_task=16, progress=False,
-              kernel=kernel)
+@pytest.mark.parametrize("kernel, warmup", [("chees", "auto"), ("mams", "auto"), ("chees", 150)])
+def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel, warmup):
+    kw = dict(init={"x": jnp.zeros(3)}, chains=64, draws=120, warmup=warmup, seed=5, chains_per_task=16,
+              progress=False, kernel=kernel)
     logdensity = lambda p: -0.5 * jnp.sum((p["x"] - 1.0) ** 2 * jnp.array([1.0, 4.0, 9.0]))
     one = dhmc.sample(logdensity, cluster=client1, **kw)
     two = dhmc.sample(logdensity, cluster=client2, **kw)

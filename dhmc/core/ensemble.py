@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from dhmc.core import hmc, mams
 from dhmc.core.adaptation import chees_trajectory, dual_averaging, halton, welford
+from dhmc.core.adaptation.chees import whitener
 from dhmc.core.adaptation.welford import WelfordState
 from dhmc.types import Array, LogDensityFn
 
@@ -40,6 +41,7 @@ class KernelConfig:
     dense_mass: bool = False
     divergence_threshold: float | None = None  # None: 1000 for HMC (Stan's), 20 for MAMS (see build_kernel)
     thinning: int = 1  # sampling keeps every ``thinning``-th transition (warmup ignores it)
+    step_jitter: float = 0.0  # each transition's step size is eps * (1 + step_jitter * (2u - 1)), u shared
     record_warmup: int = 0  # warmup also returns the positions of its first this many iterations
 
 
@@ -118,11 +120,25 @@ def build_kernel(config: KernelConfig):
     return hmc.build_kernel(1000.0 if threshold is None else threshold)
 
 
+def step_size_for(config: KernelConfig, iteration: Array, step_size: Array) -> Array:
+    """The transition's step size: ``step_size``, jittered by ``config.step_jitter`` (same for every chain).
+
+    Fixed-step HMC with an adapted step size can lock onto a Gaussian's period: 10 steps of 0.90 make
+    3 pi, ``x' = -x``, and ``x^2`` never moves (its ESS was 191 of 19200 draws, its sd 4% off). The
+    jitter follows a Halton sequence of the iteration other than the trajectory's (base 3).
+    """
+    if not config.step_jitter:
+        return step_size
+    u = halton(iteration, base=3)
+    return step_size * (1.0 + config.step_jitter * (2.0 * u - 1.0)).astype(step_size.dtype)
+
+
 def _transition(logdensity_fn, config, keys, states, params, iteration):
     kernel = build_kernel(config)
-    n = num_steps_for(config, iteration, params.step_size, params.trajectory_length)
+    eps = step_size_for(config, iteration, params.step_size)
+    n = num_steps_for(config, iteration, eps, params.trajectory_length)
     draw_keys = jax.vmap(lambda k: jax.random.fold_in(k, iteration))(keys)
-    step = lambda k, s: kernel(k, s, logdensity_fn, params.step_size, params.inverse_mass_matrix, n)
+    step = lambda k, s: kernel(k, s, logdensity_fn, eps, params.inverse_mass_matrix, n)
     return jax.vmap(step)(draw_keys, states)
 
 
@@ -177,19 +193,37 @@ def sample_chunk(logdensity_fn: LogDensityFn, config: KernelConfig, num_draws: i
 
 
 def find_step_size(logdensity_fn: LogDensityFn, states: hmc.HMCState, inverse_mass_matrix: Array,
-                   config: KernelConfig = KernelConfig()) -> Array:
-    """Largest power-of-two step size whose one-step mean acceptance across the chunk is >= 0.5."""
+                   config: KernelConfig = KernelConfig(), around: Array | None = None) -> Array:
+    """Largest step size on a sqrt(2) grid whose one-step harmonic-mean acceptance reaches the target.
+
+    The grid spans ``2^4 .. 2^-30``, or ``around / 16 .. 64 around`` (21 gradients instead of 69) when
+    a previous round's step size is given. The harmonic mean is what dual averaging steers, and it
+    falls to ~0 where the leapfrog turns unstable in the stiffest direction, while the arithmetic
+    mean can still read 0.5 there: a start at that edge sent every chain's first trajectory of a
+    round into a divergence.
+    """
     kernel = build_kernel(config)
-    candidates = 2.0 ** jnp.arange(4, -30, -1, dtype=states.position.dtype)
+    dtype = states.position.dtype
+    if around is None:
+        candidates = 2.0 ** (jnp.arange(8, -61, -1, dtype=dtype) / 2)
+    else:
+        candidates = around * 2.0 ** (jnp.arange(12, -9, -1, dtype=dtype) / 2)
     key = jax.random.PRNGKey(0)
 
-    def mean_acceptance(eps):
+    def harmonic_acceptance(eps):
         keys = jax.random.split(key, states.position.shape[0])
         _, info = jax.vmap(lambda k, s: kernel(k, s, logdensity_fn, eps, inverse_mass_matrix, 1))(keys, states)
-        return jnp.mean(jnp.where(info.diverging, 0.0, info.acceptance_rate))
+        return harmonic_mean(info.acceptance_rate, info.diverging)
 
-    ok = jax.lax.map(mean_acceptance, candidates) >= 0.5
+    ok = jax.lax.map(harmonic_acceptance, candidates) >= config.target_accept
     return jnp.where(ok.any(), candidates[jnp.argmax(ok)], candidates[-1])
+
+
+def harmonic_mean(acceptance: Array, diverging: Array) -> Array:
+    """The ensemble's harmonic-mean acceptance (0 for a divergence): dominated by its worst chains."""
+    inverse = jnp.where(diverging, 1e10, 1.0 / jnp.maximum(acceptance, 1e-10))
+    value = 1.0 / jnp.mean(inverse)
+    return jnp.where(jnp.isfinite(value), value, 0.0)
 
 
 def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
@@ -210,10 +244,16 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
     def run(keys, positions, params: Params, first_iteration, num_iterations, adapt, collect_mass, find_step):
         states = init_states(logdensity_fn, positions)
         dim = positions.shape[1]
+        whiten = whitener(params.inverse_mass_matrix)
+        previous = params.step_size.astype(positions.dtype)
+        searched = find_step | (params.step_size <= 0)
         eps0 = jax.lax.cond(
-            find_step | (params.step_size <= 0),
+            params.step_size <= 0,
             lambda: find_step_size(logdensity_fn, states, params.inverse_mass_matrix, config),
-            lambda: params.step_size.astype(positions.dtype),
+            lambda: jax.lax.cond(
+                find_step,
+                lambda: find_step_size(logdensity_fn, states, params.inverse_mass_matrix, config, previous),
+                lambda: previous)
         )
         traj0 = jnp.where(params.trajectory_length > 0, params.trajectory_length, eps0).astype(positions.dtype)
         zero = jnp.zeros((), positions.dtype)
@@ -224,20 +264,25 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
             carry += (jnp.zeros((positions.shape[0], record, dim), positions.dtype),)
         keep = lambda flag, new, old: jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
 
+        # dual averaging probes larger steps; past the grid point above a searched eps0, whose one-step
+        # harmonic acceptance already missed the target, the leapfrog may be unstable: every chain diverged
+        # there once per round on a 2-D Gaussian of condition 2000 (sds 1 and 1000, correlation 0.999)
+        largest = jnp.where(searched, eps0 * jnp.sqrt(2.0).astype(positions.dtype), jnp.inf)
+
         def body(i, carry):
             states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = carry[:7]
-            eps = jnp.exp(da_state.log_step_size)
+            eps = jnp.minimum(jnp.exp(da_state.log_step_size), largest)
             length = jnp.clip(jnp.exp(ch_state.log_length), eps, max_trajectory_length(config, dim, eps))
             p = Params(eps, params.inverse_mass_matrix, length)
             iteration = first_iteration + i
             start = states.position
             states, info = _transition(logdensity_fn, config, keys, states, p, iteration)
-            ok = ~info.diverging
-            harmonic = 1.0 / jnp.mean(jnp.where(ok, 1.0 / jnp.maximum(info.acceptance_rate, 1e-10), 1e10))
-            da_state = keep(adapt, da.update(da_state, jnp.where(jnp.isfinite(harmonic), harmonic, 0.0)), da_state)
+            time = info.n_steps[0] * eps
+            da_state = keep(adapt, da.update(da_state, harmonic_mean(info.acceptance_rate, info.diverging)), da_state)
             if config.kind in JITTERED:
-                new = ch.update(ch_state, halton(iteration), start, info.proposal, info.proposal_velocity,
-                                info.acceptance_rate, info.diverging, params.inverse_mass_matrix)
+                new_eps = jnp.minimum(jnp.exp(da_state.log_step_size), largest)
+                new = ch.update(ch_state, time, new_eps, start, info.proposal, info.proposal_velocity,
+                                info.acceptance_rate, info.diverging, whiten, max_trajectory_length(config, dim, new_eps))
                 ch_state = keep(adapt, new, ch_state)
             in_window = collect_mass & (i >= num_iterations // 2)
             wf_state = keep(in_window, wf.update(wf_state, states.position), wf_state)
@@ -251,7 +296,7 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
 
         final = jax.lax.fori_loop(0, num_iterations, body, carry)
         states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = final[:7]
-        eps = jnp.where(adapt, da.final(da_state), eps0)
+        eps = jnp.where(adapt, jnp.minimum(da.final(da_state), largest), eps0)
         length = ch.final(ch_state) if config.kind in JITTERED else params.trajectory_length
         if config.kind == "mams":
             length = jnp.clip(length, eps, max_trajectory_length(config, dim, eps))

@@ -21,6 +21,8 @@ import numpy as np
 from dhmc.distributed.runner import Runner, initial_params
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.startup import Startup, pickle_target
+from dhmc.distributed import warmup
+from dhmc.errors import ConvergenceWarning
 from dhmc.distributed.stopping import RHAT_MAX, Stopping
 from dhmc.models.base import FlatModel
 from dhmc.models.resolve import initial_positions
@@ -61,12 +63,15 @@ def drive(run: RunContext, startup: Startup):
         runner.tell("start_run", client, run_id, run.spec.plan)
         with span(f"dhmc-{run_id}") if span else nullcontext():
             positions, params, history = _warmup(run, runner, root)
+            run = _after_warmup(run, runner, sink, root, history)
             stop = _stopping(run, sink, root)
             kept = runner.sample(_start_positions(run, root, positions), params, stop)
         timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - startup.t0}
         attrs = {**run.attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
         if stop is not None:
             attrs.update(_finish_auto(run.spec, sink, stop, kept))
+        else:
+            attrs.update(_final_check(run.spec, sink))
         if root is None:
             return sink.tree(attrs)
         from dhmc.storage import zarr_
@@ -145,6 +150,32 @@ def _warmup(run: RunContext, runner: Runner, root):
     return positions, params, history
 
 
+def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dict]) -> RunContext:
+    """After ``warmup="auto"``: the spec's ``warmup`` is the iterations run (sampling's iterations follow
+    them), kept in the store for a resume; the kept warmup draws are cut to them; a warmup that reached
+    ``max_warmup`` before converging warns with its last round's numbers."""
+    spec = run.spec
+    if not spec.auto_warmup:
+        return run
+    iterations = sum(int(h["iterations"]) for h in history)
+    if spec.save_warmup and sink.layout.warmup_draws > iterations:
+        sink.trim_warmup(iterations)
+    last = history[-1].get("check", {}) if history else {}
+    if history and not last.get("converged"):
+        why = (f"the last round's drift |z| {last.get('drift_mean', float('nan')):.2g} (mean) and "
+               f"{last.get('drift_variance', float('nan')):.2g} (variance) of at most {last.get('critical', 0):.2g}, "
+               f"displacement {last.get('displacement', float('nan')):.2g} of at least {warmup.MIN_DISPLACEMENT}")
+        warnings.warn(f"warmup='auto' reached max_warmup={spec.max_warmup} before the ensemble converged ({why}); "
+                      "the draws may still be biased: check R-hat, or raise max_warmup", ConvergenceWarning,
+                      stacklevel=4)
+    spec = replace(spec, warmup=iterations)
+    runner.spec = spec
+    attrs = {**run.attrs, "dhmc_run_spec": json.dumps(asdict(spec))}
+    if root is not None:
+        root.attrs.update({"dhmc_run_spec": attrs["dhmc_run_spec"]})
+    return replace(run, spec=spec, attrs=attrs)
+
+
 def _stopping(run: RunContext, sink, root) -> Stopping | None:
     """The ``draws="auto"`` rule's state (the waves a resumed run had checked); None for fixed draws."""
     if run.spec.target_ess is None:
@@ -162,9 +193,28 @@ def _finish_auto(spec: RunSpec, sink, stop: Stopping, kept: int) -> dict:
     elif last is not None and not last["converged"]:
         rhat = f", nested R-hat {last['max_rhat']:.3f}" if last["max_rhat"] >= RHAT_MAX else ""
         warnings.warn(f"draws='auto' reached max_draws={plan.draws} before converging: min ESS "
-                      f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}", stacklevel=4)
+                      f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}", ConvergenceWarning, stacklevel=4)
     extra = {"dhmc_auto": json.dumps(last)} if last is not None else {}
     return {"dhmc_run_spec": json.dumps(asdict(spec)), **extra}
+
+
+def _final_check(spec: RunSpec, sink) -> dict:
+    """A fixed-draws run's nested R-hat over its head chains (superchains: its chunks); 1.01 or more warns.
+
+    Nested R-hat, not split R-hat: a chain's split R-hat is about ``sqrt(1 + tau / draws)`` for
+    autocorrelation time ``tau`` however many chains agree, so it stays above 1.01 for many short
+    chains of a converged ensemble (1.015 for 64 chains x 60 draws of the coin toss); split R-hat is
+    kept in the record.
+    """
+    if spec.draws < 4:
+        return {}
+    check = Stopping(spec, sink).final()
+    if check["max_nested_rhat"] >= RHAT_MAX:
+        warnings.warn(f"nested R-hat {check['max_nested_rhat']:.3f} over the first {check['chains']} chains (split "
+                      f"R-hat {check['max_rhat']:.3f}, worst for {check['worst']!r}) is at least {RHAT_MAX}: the "
+                      "chains disagree; sample longer (dhmc.extend), or use draws='auto'", ConvergenceWarning,
+                      stacklevel=4)
+    return {"dhmc_convergence": json.dumps(check)}
 
 
 def _start_positions(run: RunContext, root, positions) -> dict:

@@ -1,4 +1,4 @@
-"""The chunk plan (pure): how an ensemble is cut into blocks of chains x draws, and warmup into rounds.
+"""The chunk plan (pure): how an ensemble is cut into blocks of chains x draws.
 
 Nothing here may depend on the number of workers: the plan fixes which chains and iterations
 each block holds, and with it every random number.
@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-WARMUP_FRACTIONS = (0.15, 0.15, 0.25, 0.35, 0.10)  # rounds; the mass matrix is re-estimated after all but the last
 BLOCK_CHAIN_DRAWS = 25_000  # aim for blocks of at least this many chain-draws (>= ~0.5 s of work)
 BLOCK_BYTES = 256 * 2**20  # and at most this much trace per block
 MIN_DRAWS_PER_SEGMENT = 100  # each block write costs ~3-4 ms per Zarr chunk: big ensembles get long segments
-AUTO_CHECKS = 20  # draws="auto": segments short enough for this many stopping checks by max_draws
+MIN_AUTO_DRAWS = 10  # draws="auto": the shortest segment (ESS estimates need a few draws per chain) ...
+AUTO_CHECKS = 20  # ... and the longest are short enough for this many checks by max_draws
 
 
 @dataclass(frozen=True)
@@ -57,24 +57,21 @@ def default_chains_per_task(chains: int, gpu: bool = False) -> int:
     return math.ceil(chains / math.ceil(chains / min(chains, target)))
 
 
-def default_draws_per_segment(draws: int, chains_per_task: int, bytes_per_draw: int, auto: bool = False) -> int:
+def default_draws_per_segment(draws: int, chains_per_task: int, bytes_per_draw: int, chains: int | None = None,
+                              target_ess: float | None = None) -> int:
     """Draws per block: enough work per task, a bounded trace, segments of equal length.
 
-    With ``auto`` (``draws="auto"``, ``draws`` being ``max_draws``) segments are at most
-    ``max(MIN_DRAWS_PER_SEGMENT, draws / AUTO_CHECKS)`` long: the run stops at a segment's end.
+    With ``target_ess`` (``draws="auto"``, ``draws`` being ``max_draws``) segments are sized from the
+    ensemble: ``4 target_ess / chains`` draws (at least :data:`MIN_AUTO_DRAWS`, at most
+    ``max(100, max_draws / 20)``) would reach the target at an ESS of a quarter draw per chain and
+    draw, so 1024 chains and ``target_ess=400`` check after 10 draws, not 100 (the run stops at a
+    segment's end).
     """
     size = max(MIN_DRAWS_PER_SEGMENT, math.ceil(BLOCK_CHAIN_DRAWS / chains_per_task))
-    if auto:
-        size = min(size, max(MIN_DRAWS_PER_SEGMENT, math.ceil(draws / AUTO_CHECKS)))
+    if target_ess is not None:
+        by_ensemble = math.ceil(4 * target_ess / (chains or chains_per_task))
+        by_checks = max(MIN_DRAWS_PER_SEGMENT, math.ceil(draws / AUTO_CHECKS))
+        size = min(size, max(MIN_AUTO_DRAWS, min(by_ensemble, by_checks)))
     size = min(size, max(1, BLOCK_BYTES // max(1, chains_per_task * bytes_per_draw)))
     size = min(draws, size)
     return math.ceil(draws / math.ceil(draws / size))
-
-
-def warmup_rounds(warmup: int) -> list[int]:
-    """Iterations per warmup round; short warmups get a single round."""
-    if warmup < 100:
-        return [warmup] if warmup > 0 else []
-    sizes = [int(round(f * warmup)) for f in WARMUP_FRACTIONS]
-    sizes[-1] += warmup - sum(sizes)
-    return sizes

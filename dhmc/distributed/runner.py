@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from dask.utils import parse_timedelta
 
-from dhmc.core.adaptation.welford import WelfordState, welford
-from dhmc.distributed import config
+from dhmc.distributed import config, warmup
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.worker import Job, run_job
 
@@ -205,21 +204,21 @@ class Runner:
 
     # -- warmup -------------------------------------------------------------------------------
     def warmup(self, positions: np.ndarray, params: dict) -> tuple[np.ndarray, dict, list[dict]]:
-        """Adaptive warmup in rounds; after each round the chunks' statistics are merged in chain order."""
+        """Warmup in rounds (:mod:`dhmc.distributed.warmup`); after each round the chunks' statistics are
+        merged in chain order. Returns the end positions, the adapted parameters and one record per round."""
         spec, plan = self.spec, self.spec.plan
         start = time.perf_counter()
         history: list[dict] = []
-        wf = welford(spec.dense_mass, xp=np)
         rounds = spec.warmup_rounds
-        first = 0
+        weights = np.array([len(plan.chunk(c)) for c in range(plan.num_chunks)], float)
+        first, previous = 0, None
         for r, n in enumerate(rounds):
-            collect = spec.adapt and r < len(rounds) - 1
-            find_step = spec.adapt and r == 0 and spec.step_size is None
+            collect = spec.auto_warmup or (spec.adapt and r < len(rounds) - 1)
             blocks = {}
             for c in range(plan.num_chunks):
                 chains = plan.chunk(c)
                 job = self._job("warmup", c, first, n, positions[chains.start:chains.stop], params,
-                                adapt=spec.adapt, collect_mass=collect, find_step=find_step)
+                                adapt=spec.adapt, collect_mass=collect, find_step=spec.adapt)
                 blocks[c] = self._submit(job, f"{self.run_id}-warmup-{r}-{c}", c)
             results = {}
             try:
@@ -232,40 +231,31 @@ class Runner:
             for c, result in enumerate(results):
                 if "warmup_draws" in result:  # save_warmup
                     self.sink.write_warmup(c, first, result["warmup_draws"])
-            positions = np.concatenate([res["position"] for res in results])
+            end = np.concatenate([res["position"] for res in results])
+            current = warmup.merge([res["stats"] for res in results], weights, spec.dense_mass,
+                                   float(params["trajectory_length"]))
+            record = {"round": r, "iterations": n, "step_size": current.step_size,
+                      "trajectory_length": current.trajectory_length, "acceptance_rate": current.acceptance_rate,
+                      "divergences": current.divergences, "grad_evals": current.grad_evals}
+            stop = False
+            if spec.auto_warmup:
+                check = warmup.converged(current, previous, positions, end, spec.chains, spec.adapt)
+                stop = check.converged and r + 1 >= warmup.MIN_ROUNDS
+                record["check"] = check.as_dict() | {"converged": stop}
             if spec.adapt:
-                params, summary = self._merge(params, results, wf if collect else None)
-            else:
-                summary = {}
-            history.append({"round": r, "iterations": n, **summary})
-            first += n
+                params = dict(params, step_size=np.asarray(current.step_size, self.dtype),
+                              trajectory_length=np.asarray(current.trajectory_length, self.dtype))
+                if collect and not stop:  # a converged round keeps the metric it ran with
+                    new = warmup.inverse_mass_matrix(current.moments, spec.dense_mass)
+                    length = warmup.carry_length(current.trajectory_length, end, params["inverse_mass_matrix"], new)
+                    params.update(inverse_mass_matrix=np.asarray(new, self.dtype),
+                                  trajectory_length=np.asarray(length, self.dtype))
+            history.append(record)
+            positions, previous, first = end, current, first + n
+            if stop:
+                break
         self.timing["warmup"] = time.perf_counter() - start
         return positions, params, history
-
-    def _merge(self, params, results, wf):
-        weights = np.array([self.spec.plan.chunk(c).stop - self.spec.plan.chunk(c).start
-                            for c in range(len(results))], float)
-        wmean = lambda xs: float(np.dot(weights, xs) / weights.sum())
-        stats = [r["stats"] for r in results]
-        step = np.exp(wmean([np.log(s["step_size"]) for s in stats]))
-        lengths = [float(s["trajectory_length"]) for s in stats]
-        # fixed-step HMC carries the placeholder -1 (its steps are fixed): keep it, do not average logs of it
-        length = np.exp(wmean(np.log(lengths))) if min(lengths) > 0 else float(params["trajectory_length"])
-        new = dict(params, step_size=np.asarray(step, self.dtype), trajectory_length=np.asarray(length, self.dtype))
-        if wf is not None:
-            merged = None
-            for s in stats:
-                w = WelfordState(**{k: np.asarray(v, np.float64) for k, v in s["mass"].items()})
-                merged = w if merged is None else wf.merge(merged, w)
-            new["inverse_mass_matrix"] = np.asarray(wf.final(merged), self.dtype)
-        summary = {
-            "step_size": float(step),
-            "trajectory_length": float(length),
-            "acceptance_rate": wmean([float(s["acceptance_rate"]) for s in stats]),
-            "divergences": int(sum(int(s["divergences"]) for s in stats)),
-            "grad_evals": int(sum(int(s["grad_evals"]) for s in stats)),
-        }
-        return new, summary
 
     # -- sampling -----------------------------------------------------------------------------
     def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict, stop=None) -> int:
@@ -298,7 +288,9 @@ class Runner:
         def check_waves() -> bool:
             """Check the waves completed since the last check; release held chunks; True to stop."""
             for wave in range(stop.waves + 1, min(done.values()) + 1):
-                self.tell("convergence_check", stop.check(wave))
+                check = stop.check(wave)
+                if check is not None:
+                    self.tell("convergence_check", check)
                 if stop.stopped:
                     return True
             for chunk, (segment, positions) in sorted(held.items()):

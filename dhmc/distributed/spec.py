@@ -11,7 +11,8 @@ import jax
 import numpy as np
 
 from dhmc.core.ensemble import KERNELS
-from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment, warmup_rounds
+from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment
+from dhmc.distributed.warmup import DEFAULT_MAX_WARMUP, auto_rounds, fixed_rounds
 from dhmc.storage import schema
 
 
@@ -42,6 +43,7 @@ class RunSpec:
     predictive: bool = False  # a NumPyro model's posterior predictive draws are stored too
     prior: int = 0  # draws from a NumPyro model's prior (and prior predictive), made before sampling
     save_warmup: bool = False  # the warmup's draws are kept too (group ``warmup_posterior``)
+    max_warmup: int | None = None  # warmup="auto": the most iterations; ``warmup`` is the iterations run once known
 
     @property
     def plan(self) -> Plan:
@@ -51,14 +53,23 @@ class RunSpec:
     def kernel_config(self):
         from dhmc.core.ensemble import KernelConfig
 
+        # an adapted step size of fixed-step HMC is jittered (see core.ensemble.step_size_for); a user's is not
+        jitter = 0.2 if self.kernel == "hmc" and self.adapt else 0.0
         return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
-                            dense_mass=self.dense_mass, thinning=self.thinning,
+                            dense_mass=self.dense_mass, thinning=self.thinning, step_jitter=jitter,
                             record_warmup=max(self.warmup_rounds, default=0) if self.save_warmup else 0)
 
     @property
+    def auto_warmup(self) -> bool:
+        """Warmup ends when the ensemble has converged (``warmup="auto"``), at most ``max_warmup`` iterations."""
+        return self.max_warmup is not None
+
+    @property
     def warmup_rounds(self) -> list[int]:
-        """Iterations per warmup round (one round of burn-in without adaptation)."""
-        return warmup_rounds(self.warmup) if self.adapt else [self.warmup] if self.warmup else []
+        """Iterations per warmup round (the most rounds, for ``warmup="auto"``)."""
+        if self.auto_warmup:
+            return auto_rounds(self.max_warmup)
+        return fixed_rounds(self.warmup) if self.adapt else [self.warmup] if self.warmup else []
 
 
 DEFAULT_TARGET_ESS = 1000.0
@@ -66,14 +77,16 @@ DEFAULT_MAX_DRAWS = 10_000
 
 
 def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajectory_length, adapt,
-                  target_accept, chains_per_task, target_ess=None, max_draws=None, thinning=1, prior=0) -> dict:
+                  target_accept, chains_per_task, target_ess=None, max_draws=None, thinning=1, prior=0,
+                  max_warmup=None) -> dict:
     """The sampler options, checked and completed (one-line ``ValueError`` naming the problem).
 
-    ``draws="auto"`` becomes ``draws=max_draws`` with ``target_ess`` and ``max_draws`` set.
+    ``draws="auto"`` becomes ``draws=max_draws`` with ``target_ess`` and ``max_draws`` set;
+    ``warmup="auto"`` becomes ``warmup=max_warmup`` with ``max_warmup`` set.
     """
     draws, target_ess, max_draws = _check_draws(draws, target_ess, max_draws)
+    warmup, max_warmup = _check_warmup(warmup, max_warmup)
     _check_integer(1, chains=chains)
-    _check_integer(0, warmup=warmup)
     _check_integer(1, thinning=thinning)
     _check_integer(0, prior=prior)
     if chains_per_task is not None:
@@ -100,7 +113,7 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     return dict(chains=int(chains), draws=int(draws), warmup=int(warmup), kernel=kernel, step_size=step_size,
                 num_steps=num_steps, trajectory_length=trajectory_length, adapt=bool(adapt),
                 target_accept=float(target_accept), target_ess=target_ess, max_draws=max_draws,
-                thinning=int(thinning), prior=int(prior))
+                thinning=int(thinning), prior=int(prior), max_warmup=max_warmup)
 
 
 def adapted_options(path, options: dict, dim: int) -> tuple[dict, dict]:
@@ -128,6 +141,20 @@ def check_kernel_fits(kernel: str, dim: int) -> None:
                          "use kernel='chees'")
 
 
+def _check_warmup(warmup, max_warmup) -> tuple[int, int | None]:
+    """``(warmup, max_warmup)``: an integer ``warmup``, or ``"auto"`` with at most ``max_warmup`` iterations."""
+    if isinstance(warmup, str):
+        if warmup != "auto":
+            raise ValueError(f"warmup must be a non-negative integer or 'auto', got {warmup!r}")
+        max_warmup = DEFAULT_MAX_WARMUP if max_warmup is None else max_warmup
+        _check_integer(1, max_warmup=max_warmup)
+        return int(max_warmup), int(max_warmup)
+    if max_warmup is not None:
+        raise ValueError(f"max_warmup needs warmup='auto', got warmup={warmup!r}")
+    _check_integer(0, warmup=warmup)
+    return int(warmup), None
+
+
 def _check_draws(draws, target_ess, max_draws) -> tuple[int, float | None, int | None]:
     """``(draws, target_ess, max_draws)``: an integer ``draws``, or ``"auto"`` with its two options."""
     if isinstance(draws, str):
@@ -147,7 +174,7 @@ def _check_draws(draws, target_ess, max_draws) -> tuple[int, float | None, int |
 
 
 def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu: bool,
-               auto: bool = False, warmup_draws: int = 0) -> schema.Layout:
+               target_ess: float | None = None, warmup_draws: int = 0) -> schema.Layout:
     """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
     chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
     position, key = jax.ShapeDtypeStruct((model.dim,), model.dtype), jax.ShapeDtypeStruct((2,), np.uint32)
@@ -158,7 +185,7 @@ def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu:
     predictive = shapes(model.predictive_fn, key)
     every = [*variables.values(), *pointwise.values(), *predictive.values()]
     bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in every) + 4 * 8
-    dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, auto)
+    dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, chains, target_ess)
     layout = schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims,
                                 model.coords, pointwise, model.observed_data, predictive)
     return replace(layout, warmup_draws=int(warmup_draws))

@@ -17,7 +17,10 @@ from dhmc.distributed.plan import Plan
 
 RHAT_MAX = 1.01
 HEAD_CHAINS = 64  # chains of each chunk the rule looks at ...
-MAX_CHAINS = 256  # ... and about this many in all, whatever the ensemble's size
+MAX_CHAINS = 1024  # ... and about this many in all, whatever the ensemble's size (nested R-hat's noise
+# floor is about sqrt(1 + 1 / (chains per superchain x ESS per chain)): 16 chains per chunk of a
+# 1024-chain run and 10 draws sat at 1.01)
+GROWTH = 1.2  # waves are measured as the draws grow by 20%: checks cost O(log draws)
 
 
 def nested_rhat(draws: np.ndarray, superchains: int):
@@ -43,8 +46,25 @@ def nested_rhat(draws: np.ndarray, superchains: int):
     return float(rhat) if rhat.ndim == 0 else rhat
 
 
+def split_rhat(draws: np.ndarray):
+    """Split R-hat (Gelman et al. 2013) of ``draws`` shaped ``(chains, draws, ...)``, vectorized over trailing dims.
+
+    Each chain's halves count as two chains, so a chain that drifts raises it as surely as chains
+    that disagree. NaN with fewer than 4 draws per chain.
+    """
+    n = draws.shape[1] // 2
+    if n < 2:
+        return np.full(draws.shape[2:], np.nan) if draws.ndim > 2 else float("nan")
+    x = np.concatenate([draws[:, :n], draws[:, draws.shape[1] - n:]]).astype(float)
+    within = x.var(axis=1, ddof=1).mean(axis=0)
+    between = n * x.mean(axis=1).var(axis=0, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rhat = np.sqrt(((n - 1) / n * within + between / n) / within)
+    return float(rhat) if rhat.ndim == 0 else rhat
+
+
 def head_chains(plan: Plan) -> int:
-    """Chains per chunk the rule looks at: the first ``min(64, smallest chunk, 256 / chunks)``, at least 1."""
+    """Chains per chunk the rule looks at: the first ``min(64, smallest chunk, 1024 / chunks)``, at least 1."""
     smallest = len(plan.chunk(plan.num_chunks - 1))
     return max(1, min(HEAD_CHAINS, smallest, MAX_CHAINS // plan.num_chunks))
 
@@ -83,16 +103,48 @@ class Stopping:
         if head is not None:
             self.heads[chunk, segment] = {name: np.array(v[:self.k]) for name, v in head.items()}
 
-    def check(self, wave: int) -> dict:
-        """Apply the rule to the first ``wave`` segments; return what observers are told."""
-        plan = self.plan
+    def draws(self, wave: int) -> dict[str, np.ndarray]:
+        """The head chains' draws of the first ``wave`` segments, chunk after chunk."""
         parts = []
-        for chunk in range(plan.num_chunks):
+        for chunk in range(self.plan.num_chunks):
             blocks = [self._head(chunk, s) for s in range(wave)]
             parts.append({name: np.concatenate([b[name] for b in blocks], axis=1) for name in blocks[0]})
-        draws = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-        min_ess, max_rhat = self._measure(draws, plan.num_chunks)
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def final(self) -> dict:
+        """R-hat of a finished fixed-draws run over the head chains: ``{"max_rhat", "max_nested_rhat", "worst"}``.
+
+        NumPy only (no ESS): a run's end costs no more than a read of its head chains.
+        """
+        draws = self.draws(self.plan.num_segments)
+        used = next(iter(draws.values())).shape[0]
+        groups = self.plan.num_chunks if self.plan.num_chunks >= 2 else next((g for g in (4, 2) if used >= 2 * g), 0)
+        worst, split, nested = "", 1.0, 1.0
+        for name, v in draws.items():
+            r = np.ravel(split_rhat(v))
+            if np.isfinite(r).any() and np.nanmax(r) > split:
+                split, worst = float(np.nanmax(r)), name
+            if groups:
+                nr = np.ravel(nested_rhat(v[:used - used % groups], groups))
+                nested = max(nested, float(np.nanmax(nr))) if np.isfinite(nr).any() else nested
+        return {"max_rhat": split, "max_nested_rhat": nested, "worst": worst, "chains": used,
+                "draws": self.plan.draws}
+
+    def check(self, wave: int) -> dict | None:
+        """Apply the rule to the first ``wave`` segments; return what observers are told (None: not measured).
+
+        Only waves whose draws cross a power of :data:`GROWTH` are measured (and the last); the others
+        count as checked and not met, so short segments do not cost a check each. Which waves are
+        measured depends on the wave alone, so a resumed run measures the same ones.
+        """
+        plan = self.plan
         n = min(wave * plan.draws_per_segment, plan.draws)
+        if not self.due(wave):
+            self.waves = wave
+            getattr(self.sink, "checked", lambda wave: None)(wave)
+            return None
+        draws = self.draws(wave)
+        min_ess, max_rhat = self._measure(draws, plan.num_chunks)
         converged = min_ess >= self.spec.target_ess and max_rhat < RHAT_MAX
         self.last = {"draws": n, "min_ess": min_ess, "max_rhat": max_rhat, "target_ess": self.spec.target_ess,
                      "max_draws": plan.draws, "converged": converged,
@@ -103,6 +155,13 @@ class Stopping:
             self.waves = wave
             getattr(self.sink, "checked", lambda wave: None)(wave)
         return self.last
+
+    def due(self, wave: int) -> bool:
+        """Whether wave ``wave`` is measured: the first, the last, and those crossing a power of :data:`GROWTH`."""
+        plan = self.plan
+        n, before = (min(w * plan.draws_per_segment, plan.draws) for w in (wave, wave - 1))
+        grid = lambda draws: math.floor(math.log(draws) / math.log(GROWTH))
+        return wave <= 1 or n >= plan.draws or grid(n) > grid(before)
 
     def _head(self, chunk: int, segment: int) -> dict:
         if (chunk, segment) not in self.heads:

@@ -47,6 +47,7 @@ _WORKER_FIELDS = (
     "grad_evals",
     "acceptance",
     "divergences",
+    "warmup_divergences",
     "compile_seconds",
     "sampling_seconds",
     "run_id",

@@ -43,6 +43,7 @@ METRIC_KEYS = (
     "dhmc_grad_evals",
     "dhmc_blocks_done",
     "dhmc_divergences",
+    "dhmc_warmup_divergences",
     "dhmc_sampling_seconds",
     "dhmc_compile_seconds",
     "dhmc_acceptance",
@@ -71,7 +72,8 @@ class BlockStats:
         self.chain_draws = 0
         self.grad_evals = 0
         self.blocks_done = 0
-        self.divergences = 0
+        self.divergences = 0  # of sampling blocks: warmup's (step sizes being probed) are counted apart
+        self.warmup_divergences = 0
         self.sampling_seconds = 0.0
         self.compile_seconds = 0.0
         self.acceptance = 0.0
@@ -100,7 +102,10 @@ class BlockStats:
             self.chain_draws += n
             self.grad_evals += int(grad_evals)
             self.blocks_done += 1
-            self.divergences += int(divergences)
+            if phase == "warmup":
+                self.warmup_divergences += int(divergences)
+            else:
+                self.divergences += int(divergences)
             self.sampling_seconds += seconds
             self.compile_seconds += compile_seconds
             acc = float(acceptance_mean)
@@ -136,6 +141,7 @@ class BlockStats:
                 "dhmc_grad_evals": self.grad_evals,
                 "dhmc_blocks_done": self.blocks_done,
                 "dhmc_divergences": self.divergences,
+                "dhmc_warmup_divergences": self.warmup_divergences,
                 "dhmc_sampling_seconds": self.sampling_seconds,
                 "dhmc_compile_seconds": self.compile_seconds,
                 "dhmc_acceptance": self.acceptance,
@@ -173,7 +179,8 @@ class DhmcCollector:
         ("dhmc_chain_draws", "Chain draws produced (chains x draws)."),
         ("dhmc_grad_evals", "Gradient evaluations."),
         ("dhmc_blocks_done", "Sampling blocks finished."),
-        ("dhmc_divergences", "Divergent transitions."),
+        ("dhmc_divergences", "Divergent transitions after warmup."),
+        ("dhmc_warmup_divergences", "Divergent transitions during warmup (while step sizes are probed)."),
         ("dhmc_sampling_seconds", "Wall seconds spent sampling."),
         ("dhmc_compile_seconds", "Wall seconds spent compiling."),
     )

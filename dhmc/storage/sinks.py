@@ -8,11 +8,13 @@ Both sinks have one small interface, used by the driver for every finished sampl
 
 and, for ``draws="auto"``, ``head(chunk, segment, chains)`` (a finished block's first chains' draws),
 ``checked(waves)`` (waves the stopping rule rejected, for a resume) and ``trim(segments)`` (keep
-only the first segments).
+only the first segments); for ``save_warmup``, ``write_warmup(chunk, first, draws)`` and, after
+``warmup="auto"``, ``trim_warmup(iterations)``.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -72,13 +74,19 @@ class MemorySink:
 
     def trim(self, segments: int) -> None:
         """Keep the first ``segments`` segments (copied, so that the arrays for ``max_draws`` are freed)."""
-        from concurrent.futures import Future
-
         draws = min(segments * self.layout.draws_per_segment, self.layout.draws)
         self.layout = replace(self.layout, draws=draws)
         self.arrays = {g: {k: a[:, :draws].copy() for k, a in v.items()} for g, v in self.arrays.items()}
         self._tree.result()  # the thread's tree (of max_draws draws) is replaced
 
+        self._tree = Future()
+        self._tree.set_result(schema.to_datatree(self.layout, {**self.arrays, **self.warmup}, {}, self.extra))
+
+    def trim_warmup(self, iterations: int) -> None:
+        """``save_warmup`` with ``warmup="auto"``: keep the iterations warmup ran (room was made for ``max_warmup``)."""
+        self.layout = replace(self.layout, warmup_draws=iterations)
+        self.warmup = {g: {k: a[:, :iterations].copy() for k, a in v.items()} for g, v in self.warmup.items()}
+        self._tree.result()
         self._tree = Future()
         self._tree.set_result(schema.to_datatree(self.layout, {**self.arrays, **self.warmup}, {}, self.extra))
 
@@ -131,3 +139,8 @@ class StoreSink:
         from dhmc.storage.zarr_ import trim
 
         self.layout = trim(self.root, self.layout, segments)
+
+    def trim_warmup(self, iterations: int) -> None:
+        from dhmc.storage.zarr_ import trim_warmup
+
+        self.layout = trim_warmup(self.root, self.layout, iterations)

@@ -222,6 +222,16 @@ def trim(root: zarr.Group, layout: Layout, segments: int) -> Layout:
     return new
 
 
+def trim_warmup(root: zarr.Group, layout: Layout, iterations: int) -> Layout:
+    """Cut the ``warmup_posterior`` group to the ``iterations`` an automatic warmup ran; return the new layout."""
+    for name, spec in layout.posterior.items():
+        root[f"warmup_posterior/{name}"].resize((layout.chains, iterations, *spec.shape))
+    root["warmup_posterior/draw"].resize((iterations,))
+    new = replace(layout, warmup_draws=iterations)
+    root.attrs.update({"dhmc_layout": _layout_to_json(new)})
+    return new
+
+
 def extend(path, draws: int) -> None:
     """Make room in a finished store for ``draws`` more draws per chain; a resume then samples them.
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from dhmc.diagnostics import nested_rhat
-from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment, warmup_rounds
+from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment
+from dhmc.distributed.warmup import auto_rounds, fixed_rounds
 from dhmc.distributed.worker import chain_moments
 from dhmc.observe.convergence import RunningConvergence
 
@@ -23,8 +24,9 @@ def test_segments_and_rounds_add_up():
     dps = default_draws_per_segment(1000, 128, 64)
     plan = Plan(256, 1000, 0, 128, dps)
     assert sum(len(plan.segment(s)) for s in range(plan.num_segments)) == 1000
-    assert sum(warmup_rounds(1000)) == 1000 and len(warmup_rounds(1000)) == 5
-    assert warmup_rounds(50) == [50] and warmup_rounds(0) == []
+    assert sum(fixed_rounds(1000)) == 1000 and len(fixed_rounds(1000)) == 5
+    assert fixed_rounds(50) == [50] and fixed_rounds(0) == []
+    assert sum(auto_rounds(1010)) == 1010 and auto_rounds(60) == [25, 25, 10]
 
 
 def test_nested_rhat_detects_a_stuck_superchain():

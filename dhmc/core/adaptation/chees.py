@@ -1,8 +1,21 @@
-"""ChEES trajectory-length adaptation (Hoffman, Radul & Sountsov 2021).
+"""Trajectory-length adaptation: ChEES per unit of integration time (Hoffman, Radul & Sountsov 2021;
+Sountsov & Hoffman 2021's per-gradient form).
 
-The trajectory length ``T`` is tuned by Adam *ascent* on ``log T`` of the Change in the
-Estimator of the Expected Square across an ensemble of chains; each draw uses ``u * T`` with
-``u`` from a Halton sequence shared by all chains, so a vmapped ensemble stays in lock-step.
+Each draw integrates for ``u * T``, ``u`` from a Halton sequence shared by all chains, so a vmapped
+ensemble stays in lock-step. ``log T`` follows Adam *ascent* on the ensemble's estimate of
+
+    ChEES(T) / T,    ChEES = 1/4 E[(||x' - E x'||^2 - ||x - E x||^2)^2],
+
+the change in the estimator of the expected square *per unit of trajectory*, which is
+proportional to per gradient for a fixed step size. Plain ChEES is flat beyond its first maximum
+on a well-preconditioned target (its jittered average tends to a constant), so nothing pulled an
+over-long trajectory back: dhmc spent up to 1000 leapfrog steps per draw where 2 would do. Divided
+by ``T`` it has one maximum, near ``4.5 sqrt(lambda_max)`` on a Gaussian whose largest whitened
+variance is ``lambda_max`` (a mean of ``2.25 sqrt(lambda_max)`` per draw), and a gradient that
+points back to it from either side.
+
+Positions and velocities are whitened by the metric (``x -> L^-1 x`` with ``L L^T`` the inverse
+mass matrix), so the criterion measures distances in the units the sampler moves in.
 """
 
 from __future__ import annotations
@@ -13,13 +26,29 @@ import jax.numpy as jnp
 
 from dhmc.types import Array
 
+__all__ = ["halton", "CheesState", "chees_trajectory", "whitener"]
 
-def halton(index: Array, max_bits: int = 32) -> Array:
-    """Van der Corput (base-2 Halton) number of ``index + 1``, in (0, 1)."""
+
+def halton(index: Array, max_bits: int = 32, base: int = 2) -> Array:
+    """Van der Corput number of ``index + 1`` in ``base`` (the Halton sequence's first dimension for 2), in (0, 1)."""
     index = jnp.asarray(index, jnp.uint32) + 1
-    bits = jnp.arange(max_bits, dtype=jnp.uint32)
-    digits = (index >> bits) & 1
-    return jnp.sum(digits.astype(jnp.float32) * 0.5 ** (bits.astype(jnp.float32) + 1))
+    if base == 2:
+        bits = jnp.arange(max_bits, dtype=jnp.uint32)
+        digits = (index >> bits) & 1
+        return jnp.sum(digits.astype(jnp.float32) * 0.5 ** (bits.astype(jnp.float32) + 1))
+    places = jnp.arange(21, dtype=jnp.uint32)  # 3^21 > 2^32
+    digits = (index // jnp.asarray(base, jnp.uint32) ** places) % base
+    return jnp.sum(digits.astype(jnp.float32) * (1.0 / base) ** (places.astype(jnp.float32) + 1))
+
+
+def whitener(inverse_mass_matrix: Array):
+    """``x -> L^-1 x`` for the inverse mass matrix ``L L^T`` (diagonal: ``x / sqrt(diag)``), batched over rows."""
+    if inverse_mass_matrix.ndim == 1:
+        scale = 1.0 / jnp.sqrt(inverse_mass_matrix)
+        return lambda x: x * scale
+    chol = jnp.linalg.cholesky(inverse_mass_matrix)
+    inverse = jnp.linalg.inv(chol)  # once per block: applying it is then a matrix product
+    return lambda x: x @ inverse.T
 
 
 class CheesState(NamedTuple):
@@ -37,13 +66,17 @@ class Chees(NamedTuple):
 
 
 def chees_trajectory(
-    learning_rate: float = 0.05, beta1: float = 0.0, beta2: float = 0.95, decay: float = 0.5
+    learning_rate: float = 0.1, beta1: float = 0.8, beta2: float = 0.95, decay: float = 0.5, max_update: float = 0.35
 ) -> Chees:
-    """Return ``(init, update, final)`` adapting the trajectory length of jittered HMC.
+    """Return ``(init, update, final)`` adapting the trajectory length ``T`` of jittered HMC.
 
-    ``update(state, jitter, start, proposal, proposal_velocity, acceptance, diverging,
-    inverse_mass_matrix)`` takes the ensemble's arrays of shape ``(chains, d)`` for one
-    transition; positions are whitened by the mass matrix so the criterion matches the metric.
+    ``update(state, time, step_size, start, proposal, proposal_velocity, acceptance, diverging,
+    whiten, longest)`` takes one transition of the ensemble (arrays ``(chains, d)``): its integration
+    time and step size, the metric's :func:`whitener` and the longest ``T`` allowed (the step cap);
+    ``T`` stays between one step and that. Adam's first moment
+    (``beta1``) averages the noisy per-draw gradients, so ``log T`` moves by about ``learning_rate``
+    per draw while the gradient keeps its sign and little once it only fluctuates; each move is
+    clipped to ``max_update`` (TFP's and BlackJAX's 0.35).
     """
 
     def init(trajectory_length: Array) -> CheesState:
@@ -51,26 +84,43 @@ def chees_trajectory(
         zero = jnp.zeros_like(log_t)
         return CheesState(log_t, log_t, zero, zero, zero)
 
-    def update(state, jitter, start, proposal, proposal_velocity, acceptance, diverging, inv_mass):
-        scale = jnp.sqrt(jnp.diagonal(inv_mass) if inv_mass.ndim == 2 else inv_mass)
+    def gradient(log_length, time, step_size, start, proposal, proposal_velocity, acceptance, diverging, whiten):
+        """d/d(log T) of the ensemble's ChEES per gradient, times the gradients per draw (Adam drops the scale).
+
+        ``time`` is the transition's integration time ``n eps``, ``n = ceil(u T / eps)``: the pathwise
+        derivative of the end point in ``log T`` is its velocity times ``time`` (``u T`` undercounts
+        it by up to half when ``T`` is a step or two), and a draw costs ``E n = T / (2 eps) + 1/2``
+        gradients, whose log-derivative is ``T / (T + eps)``.
+        """
         weight = jnp.where(diverging, 0.0, acceptance)
         total = jnp.sum(weight) + 1e-10
-        proposal_mean = jnp.sum(weight[:, None] * proposal, axis=0) / total
-        start_centred = (start - start.mean(axis=0)) / scale
-        proposal_centred = (proposal - proposal_mean) / scale
-        velocity = proposal_velocity / scale
+        ok = jnp.isfinite(proposal).all(axis=1) & jnp.isfinite(proposal_velocity).all(axis=1)
+        weight = jnp.where(ok, weight, 0.0)
+        proposal = jnp.where(ok[:, None], proposal, start)
+        centre = start.mean(axis=0)
+        start_centred = whiten(start - centre)
+        proposal_centred = whiten(proposal - centre)
+        velocity = whiten(jnp.where(ok[:, None], proposal_velocity, 0.0))
         change = jnp.sum(proposal_centred**2, axis=1) - jnp.sum(start_centred**2, axis=1)
-        per_chain = jitter * jnp.exp(state.log_length) * change * jnp.sum(proposal_centred * velocity, axis=1)
-        per_chain = jnp.where(diverging | ~jnp.isfinite(per_chain), 0.0, per_chain)
-        grad = jnp.sum(weight * per_chain) / total
+        d_chees = time * change * jnp.sum(proposal_centred * velocity, axis=1)
+        length = jnp.exp(log_length)
+        per_chain = d_chees - 0.25 * change**2 * length / (length + step_size)
+        per_chain = jnp.where(jnp.isfinite(per_chain), per_chain, 0.0)
+        return jnp.sum(weight * per_chain) / total
 
+    def update(state, time, step_size, start, proposal, proposal_velocity, acceptance, diverging, whiten, longest):
+        grad = gradient(state.log_length, time, step_size, start, proposal, proposal_velocity, acceptance, diverging,
+                        whiten)
         step = state.step + 1
         m = beta1 * state.adam_m + (1 - beta1) * grad
         v = beta2 * state.adam_v + (1 - beta2) * grad**2
         m_hat = m / (1 - beta1**step)
         v_hat = v / (1 - beta2**step)
-        log_t = state.log_length + jnp.clip(learning_rate * m_hat / (jnp.sqrt(v_hat) + 1e-8), -0.35, 0.35)
-        log_t = jnp.where(jnp.isfinite(log_t), log_t, state.log_length)
+        move = jnp.clip(learning_rate * m_hat / (jnp.sqrt(v_hat) + 1e-30), -max_update, max_update)
+        log_t = jnp.where(jnp.isfinite(move), state.log_length + move, state.log_length)
+        # kept inside what can be integrated: a length past the step cap is never run, so its
+        # gradient says nothing and must not push the state further out
+        log_t = jnp.clip(log_t, jnp.log(step_size), jnp.log(longest))
         avg_weight = step ** (-decay)
         log_t_avg = (1 - avg_weight) * state.log_length_avg + avg_weight * log_t
         return CheesState(log_t, log_t_avg, m, v, step)

@@ -1,0 +1,88 @@
+"""Adaptation without Dask: the ChEES-per-gradient criterion, the step search, and the warmup stop rule."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dhmc.core import hmc
+from dhmc.core.adaptation import chees_trajectory
+from dhmc.core.adaptation.chees import whitener
+from dhmc.core.adaptation.welford import WelfordState, welford
+from dhmc.core.ensemble import KernelConfig, Params, _transition, chain_keys, find_step_size, init_states
+from dhmc.distributed import warmup
+
+
+def _mean_gradient(length: float, step_size: float = 0.05, chains: int = 512, iterations: int = 64) -> float:
+    """The criterion's gradient at a fixed ``T`` on exact draws of N(0, I_4), averaged over the jitter."""
+    f = lambda x: -0.5 * jnp.sum(x**2)
+    keys = chain_keys(0, jnp.arange(chains, dtype=jnp.uint32))
+    params = Params(jnp.float32(step_size), jnp.ones(4), jnp.float32(length))
+    ch = chees_trajectory()
+
+    def body(states, i):
+        start = states.position
+        states, info = _transition(f, KernelConfig(), keys, states, params, i)
+        new = ch.update(ch.init(params.trajectory_length), info.n_steps[0] * params.step_size, params.step_size,
+                        start, info.proposal, info.proposal_velocity, info.acceptance_rate, info.diverging,
+                        whitener(params.inverse_mass_matrix), jnp.float32(1e6))
+        return states, new.adam_m / (1 - 0.8)  # Adam's first moment after one step: (1 - beta1) * gradient
+
+    states = init_states(f, jax.random.normal(jax.random.PRNGKey(1), (chains, 4)))
+    _, gradients = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(iterations)))(states)
+    return float(gradients.mean())
+
+
+def test_the_criterion_per_gradient_pulls_a_trajectory_back_from_either_side():
+    """Plain ChEES is flat past its first maximum on a Gaussian: nothing brought an over-long T back
+    (1000 steps a draw where 2 would do). Per unit of T it rises below ~4.5 sds and falls beyond."""
+    assert _mean_gradient(1.0) > 0
+    assert _mean_gradient(12.0) < 0
+
+
+def test_the_step_search_stays_below_the_leapfrog_stability_edge():
+    """sd 0.0316 along the narrow axis: the leapfrog is unstable past eps = 0.063, where the one-step
+    arithmetic-mean acceptance still reads 0.5. The search must land below the edge."""
+    cov = np.array([[1.0, 0.999], [0.999, 1.0]])
+    precision = jnp.asarray(np.linalg.inv(cov), jnp.float32)
+    f = lambda x: -0.5 * x @ precision @ x
+    x = np.random.default_rng(0).multivariate_normal(np.zeros(2), cov, size=128)
+    states = init_states(f, jnp.asarray(x, jnp.float32))
+    eps = float(find_step_size(f, states, jnp.ones(2), KernelConfig()))
+    assert 0.02 < eps < 0.0632
+    around = float(find_step_size(f, states, jnp.ones(2), KernelConfig(), jnp.float32(0.3)))
+    assert 0.02 < around < 0.0632
+
+
+def _round(samples: np.ndarray, step=0.5, length=2.0, start_length=2.0) -> warmup.Round:
+    wf = welford(False, xp=np)
+    moments = wf.update(wf.init(samples.shape[-1], np.float64), samples.reshape(-1, samples.shape[-1]))
+    return warmup.Round(step, length, WelfordState(*moments), 0.8, 0, 0, start_length)
+
+
+def test_the_stop_rule_passes_a_mixing_stationary_ensemble_and_only_that():
+    rng = np.random.default_rng(0)
+    chains, dim = 256, 5
+    draws = lambda: rng.normal(size=(chains, 12, dim))
+    start, end = rng.normal(size=(chains, dim)), rng.normal(size=(chains, dim))
+    previous, current = _round(draws()), _round(draws())
+    assert warmup.converged(current, previous, start, end, chains).converged
+    # the same moments, but chains that did not move: stationary and stuck
+    assert not warmup.converged(current, previous, start, start + 0.01, chains).converged
+    # still drifting: the means moved by 1 sd
+    assert not warmup.converged(_round(draws() + 1.0), previous, start, end, chains).converged
+    # still contracting: the variance halved
+    assert not warmup.converged(_round(draws() * 0.7), previous, start, end, chains).converged
+    # adaptation not settled: the step size halved, or the trajectory grew 2x within the round
+    assert not warmup.converged(_round(draws(), step=0.25), previous, start, end, chains).converged
+    assert not warmup.converged(_round(draws(), length=4.0), previous, start, end, chains).converged
+    assert not warmup.converged(current, None, start, end, chains).converged
+
+
+def test_a_trajectory_length_is_carried_into_a_new_metrics_units():
+    rng = np.random.default_rng(1)
+    positions = rng.normal(size=(512, 2)) * np.array([1.0, 1000.0])
+    carried = warmup.carry_length(3000.0, positions, np.ones(2), np.array([1.0, 1e6]))
+    assert carried == pytest.approx(3.0, rel=0.1)
