@@ -56,7 +56,7 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     params = initial_params(spec, model.dim, model.dtype)
 
     def job(token):
-        return worker.Job("bench", token, blob, False, spec.kernel_config, 1, "sample", 0, cpt, 0, dps,
+        return worker.Job("bench", token, blob, False, spec.kernel_config("sample"), 1, "sample", 0, cpt, 0, dps,
                           init[:cpt], params, keep_draws=dps, adapt=False)
 
     out = {"target": target.name, "chains": chains, "draws": draws, "num_steps": steps, "step_size": eps,

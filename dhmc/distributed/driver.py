@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from dhmc.distributed import warmup
 from dhmc.distributed.runner import Runner, initial_params
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.startup import Startup, pickle_target
-from dhmc.distributed import warmup
-from dhmc.errors import ConvergenceWarning
 from dhmc.distributed.stopping import RHAT_MAX, Stopping
+from dhmc.errors import ConvergenceWarning
 from dhmc.models.base import FlatModel
 from dhmc.models.resolve import initial_positions
 from dhmc.storage import schema
@@ -193,7 +193,8 @@ def _finish_auto(spec: RunSpec, sink, stop: Stopping, kept: int) -> dict:
     elif last is not None and not last["converged"]:
         rhat = f", nested R-hat {last['max_rhat']:.3f}" if last["max_rhat"] >= RHAT_MAX else ""
         warnings.warn(f"draws='auto' reached max_draws={plan.draws} before converging: min ESS "
-                      f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}", ConvergenceWarning, stacklevel=4)
+                      f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}", ConvergenceWarning,
+                      stacklevel=4)
     extra = {"dhmc_auto": json.dumps(last)} if last is not None else {}
     return {"dhmc_run_spec": json.dumps(asdict(spec)), **extra}
 

@@ -78,7 +78,7 @@ class Runner:
     # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
         chains = self.spec.plan.chunk(chunk)
-        return Job(self.run_id, self.token, self.blob, self.spec.x64, self.spec.kernel_config, self.spec.seed,
+        return Job(self.run_id, self.token, self.blob, self.spec.x64, self.spec.kernel_config(phase), self.spec.seed,
                    phase, chains.start, chains.stop, first, n, positions, params,
                    executable=self._executable(phase, len(chains)), **kw)
 
@@ -211,7 +211,7 @@ class Runner:
         history: list[dict] = []
         rounds = spec.warmup_rounds
         weights = np.array([len(plan.chunk(c)) for c in range(plan.num_chunks)], float)
-        first, previous = 0, None
+        first, previous, fixed_length, settled = 0, None, params["trajectory_length"], False
         for r, n in enumerate(rounds):
             collect = spec.auto_warmup or (spec.adapt and r < len(rounds) - 1)
             blocks = {}
@@ -238,10 +238,11 @@ class Runner:
                       "trajectory_length": current.trajectory_length, "acceptance_rate": current.acceptance_rate,
                       "divergences": current.divergences, "grad_evals": current.grad_evals}
             stop = False
-            if spec.auto_warmup:
+            if spec.auto_warmup:  # stops at the second round in a row that passes the rule
                 check = warmup.converged(current, previous, positions, end, spec.chains, spec.adapt)
-                stop = check.converged and r + 1 >= warmup.MIN_ROUNDS
-                record["check"] = check.as_dict() | {"converged": stop}
+                stop = check.converged and settled and r + 1 >= warmup.MIN_ROUNDS
+                settled = check.converged
+                record["check"] = check.as_dict() | {"converged": stop, "passed": check.converged}
             if spec.adapt:
                 params = dict(params, step_size=np.asarray(current.step_size, self.dtype),
                               trajectory_length=np.asarray(current.trajectory_length, self.dtype))
@@ -254,6 +255,8 @@ class Runner:
             positions, previous, first = end, current, first + n
             if stop:
                 break
+        if spec.kernel == "hmc":  # warmed up with adapted trajectories (RunSpec.kernel_config); samples the user's
+            params = dict(params, trajectory_length=fixed_length)
         self.timing["warmup"] = time.perf_counter() - start
         return positions, params, history
 

@@ -49,14 +49,21 @@ class RunSpec:
     def plan(self) -> Plan:
         return Plan(self.chains, self.draws, self.warmup, self.chains_per_task, self.draws_per_segment)
 
-    @property
-    def kernel_config(self):
+    def kernel_config(self, phase: str = "sample"):
+        """The block programs' kernel settings for ``phase``.
+
+        An adapted fixed-step HMC warms up with ChEES's jittered, adapted trajectories: ten fixed
+        steps left chains in the Gaussian mixture's degenerate region through a whole warmup, and an
+        ensemble partly stuck there gives a metric that keeps it so. Its draws then take the user's
+        steps with the adapted step size (jittered, see core.ensemble.step_size_for) and metric.
+        """
         from dhmc.core.ensemble import KernelConfig
 
-        # an adapted step size of fixed-step HMC is jittered (see core.ensemble.step_size_for); a user's is not
-        jitter = 0.2 if self.kernel == "hmc" and self.adapt else 0.0
-        return KernelConfig(kind=self.kernel, num_steps=self.num_steps, target_accept=self.target_accept,
-                            dense_mass=self.dense_mass, thinning=self.thinning, step_jitter=jitter,
+        hmc = self.kernel == "hmc" and self.adapt
+        kind = "chees" if hmc and phase == "warmup" else self.kernel
+        return KernelConfig(kind=kind, num_steps=self.num_steps if kind == "hmc" else None,
+                            target_accept=self.target_accept, dense_mass=self.dense_mass, thinning=self.thinning,
+                            step_jitter=0.2 if hmc and phase == "sample" else 0.0,
                             record_warmup=max(self.warmup_rounds, default=0) if self.save_warmup else 0)
 
     @property

@@ -108,7 +108,7 @@ def precompile(spec: RunSpec, model, folder: str) -> dict:
 
     def compile_in_this_thread(phase, *args):
         with jax.enable_x64(spec.x64):  # the caller's x64 may be a context of its own thread
-            blob = compile_block(model, spec.kernel_config, phase, *args)
+            blob = compile_block(model, spec.kernel_config(phase), phase, *args)
         path = os.path.join(folder, f"{phase}.bin")
         with open(path + ".part", "wb") as f:
             f.write(blob)

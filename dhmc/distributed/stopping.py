@@ -16,8 +16,7 @@ import numpy as np
 from dhmc.distributed.plan import Plan
 
 RHAT_MAX = 1.01
-HEAD_CHAINS = 64  # chains of each chunk the rule looks at ...
-MAX_CHAINS = 1024  # ... and about this many in all, whatever the ensemble's size (nested R-hat's noise
+MAX_CHAINS = 1024  # the rule looks at about this many chains, the first of each chunk (nested R-hat's noise
 # floor is about sqrt(1 + 1 / (chains per superchain x ESS per chain)): 16 chains per chunk of a
 # 1024-chain run and 10 draws sat at 1.01)
 GROWTH = 1.2  # waves are measured as the draws grow by 20%: checks cost O(log draws)
@@ -64,9 +63,14 @@ def split_rhat(draws: np.ndarray):
 
 
 def head_chains(plan: Plan) -> int:
-    """Chains per chunk the rule looks at: the first ``min(64, smallest chunk, 1024 / chunks)``, at least 1."""
+    """Chains per chunk the rule looks at: the first ``min(smallest chunk, 1024 / chunks)``, at least 1."""
     smallest = len(plan.chunk(plan.num_chunks - 1))
-    return max(1, min(HEAD_CHAINS, smallest, MAX_CHAINS // plan.num_chunks))
+    return max(1, min(smallest, MAX_CHAINS // plan.num_chunks))
+
+
+def superchains(chunks: int, used: int) -> int:
+    """Superchains for nested R-hat: the chunks, or for one chunk (a GPU's) up to 16 groups of >= 16 chains."""
+    return chunks if chunks >= 2 else next((g for g in (16, 8, 4, 2) if used >= 16 * g), 2 if used >= 4 else 0)
 
 
 def remaining(draws: int, min_ess: float, target_ess: float, max_draws: int) -> int:
@@ -118,7 +122,7 @@ class Stopping:
         """
         draws = self.draws(self.plan.num_segments)
         used = next(iter(draws.values())).shape[0]
-        groups = self.plan.num_chunks if self.plan.num_chunks >= 2 else next((g for g in (4, 2) if used >= 2 * g), 0)
+        groups = superchains(self.plan.num_chunks, used)
         worst, split, nested = "", 1.0, 1.0
         for name, v in draws.items():
             r = np.ravel(split_rhat(v))
@@ -183,7 +187,7 @@ class Stopping:
                for m in ("bulk", "tail") for name in draws]
         ess = np.concatenate(ess)
         min_ess = float(np.nanmin(ess)) * self.spec.chains / used if np.isfinite(ess).any() else 0.0
-        groups = chunks if chunks >= 2 else next((g for g in (4, 2) if used >= 2 * g), 0)
+        groups = superchains(chunks, used)
         if not groups:
             return min_ess, 1.0
         rhats = np.concatenate([np.ravel(nested_rhat(v[:used - used % groups], groups)) for v in draws.values()])

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dhmc.core import hmc
 from dhmc.core.adaptation import chees_trajectory
 from dhmc.core.adaptation.chees import whitener
 from dhmc.core.adaptation.welford import WelfordState, welford

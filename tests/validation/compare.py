@@ -4,7 +4,8 @@ Per parameter (constrained space, Stan names):
 
 * ``mean``, ``sd`` (ddof=1 over all draws), bulk-ESS (``arviz.ess(..., method="bulk")``);
 * ``mcse = sd / sqrt(ess_bulk)``;
-* ``z = (mean - mean_ref) / sqrt(mcse^2 + mcse_ref^2)`` (``mcse_ref = 0`` for exact moments);
+* ``z = (mean - mean_ref) / sqrt(mcse^2 + mcse_ref^2)`` (``mcse_ref = 0`` for exact moments; for reference
+  draws at least :data:`REFERENCE_PRECISION` of the reference sd);
 * ``sd_ratio = sd / sd_ref``.
 
 The posterior passes when every required parameter is present and finite, ``max |z| < z_threshold``
@@ -28,6 +29,11 @@ except ImportError:  # pragma: no cover
     from .posteriors import reference_moments, stan_parameter_names
 
 Z_THRESHOLD = 4.5
+# posteriordb's reference draws (10 chains x 1000 thinned draws) are precise to about 1% of an sd, whatever
+# their summary's mcse says: low_dim_gauss_mix's log sigma[1] is 0.02722 +- 0.00015 there, while NumPyro NUTS
+# on the independently written NumPyro model (x64, 4 x 25000 draws, ESS 121k) gives 0.02781 +- 0.00009 and
+# dhmc 0.0279 over ten seeds: a sampler with an ESS of 70k then read z = 5 against an error of the reference.
+REFERENCE_PRECISION = 0.01
 SD_REL_FLOOR = 0.05
 SD_ESS_FACTOR = 3.0
 
@@ -174,6 +180,8 @@ def compare(
         x = _as_chain_draw(draws[k])
         n_chains, n_draws = x.shape
         mean_ref, sd_ref, mcse_ref = moments[k]
+        if mcse_ref > 0:  # from reference draws, not exact
+            mcse_ref = max(mcse_ref, REFERENCE_PRECISION * sd_ref)
         if not np.all(np.isfinite(x)):
             nonfinite.append(k)
             continue
