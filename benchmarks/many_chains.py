@@ -24,7 +24,8 @@ Samplers:
 * ``dhmc``: ``dhmc.sample(logdensity, init=..., chains=C, draws="auto", target_ess=400, dense_mass=...)`` with
   its default ``warmup="auto"`` (a dhmc without it: ``warmup=1000``, recorded in the row). It stops by itself;
   its sequential gradients = the warmup rounds' ``grad_evals`` / C + chain 0's summed ``n_steps`` (the chains
-  run in lock-step; an initial step-size search outside the rounds is not counted). The whole run is scored.
+  run in lock-step; the rounds' ``grad_evals`` include their block starts and step-size searches). The whole
+  run is scored.
 * ``numpyro``: NUTS, 4 chains (``--numpyro-chain-method``), 500 warmup (as in the MAMS paper), then up to
   ``--numpyro-draws`` draws; per chain its warmup + draws ``num_steps``, the slowest chain counted.
 * ``chees``: BlackJAX ``chees_adaptation(logdensity, C, mass_matrix_estimation="diagonal")``, optax.adam(0.025),
@@ -40,8 +41,7 @@ Samplers:
 
 For NUTS, ChEES and MEADS the draws are searched for the shortest prefix (bisection on a geometric grid, x1.25
 from 8 draws) at which the target is met; gradients, ESS, b^2 and correctness are those of that prefix (of the
-whole run when it is never met). Also reported: the gradients to the ESS target alone (R-hat left out), where
-rank-normalised split R-hat, a per-chain-length diagnostic, is what keeps short chains from the target; and the
+whole run when it is never met). Also reported: the gradients to the ESS target alone (R-hat left out), and the
 ratios to NUTS of the same problem. Seconds are those of the whole run, not of the prefix. Ensemble samplers run
 ``--chains`` chains (1024; 4096 on a GPU). Problems: the six
 posteriordb posteriors of ``tests/validation/posteriors.py``, ``gauss100_rot`` (100-D Gaussian, sds

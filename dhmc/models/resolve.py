@@ -75,11 +75,9 @@ def with_labels(model: FlatModel, dims, coords) -> FlatModel:
 
 def initial_positions(model: FlatModel, name, batched, seed, chains) -> np.ndarray:
     """Distinct starting points per chain, checked for a finite log density before any work is sent."""
-    from jax.flatten_util import ravel_pytree
-
-    if batched is not None:
-        positions = np.stack([np.asarray(ravel_pytree(jax.tree.map(lambda a, i=i: jnp.asarray(a)[i], batched))[0],
-                                         model.dtype) for i in range(chains)])
+    if batched is not None:  # each chain's row is ravel_pytree of its slice: the leaves in order, each raveled
+        positions = np.concatenate([np.asarray(leaf, model.dtype).reshape(chains, -1)
+                                    for leaf in jax.tree.leaves(batched)], axis=1)
     else:
         positions = np.array(jittered_positions(seed, jnp.arange(chains, dtype=jnp.uint32),
                                                jnp.asarray(model.centre, model.dtype), model.radius))
