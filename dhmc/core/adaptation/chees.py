@@ -20,6 +20,7 @@ mass matrix), so the criterion measures distances in the units the sampler moves
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -29,14 +30,10 @@ from dhmc.types import Array
 __all__ = ["halton", "CheesState", "chees_trajectory", "whitener"]
 
 
-def halton(index: Array, max_bits: int = 32, base: int = 2) -> Array:
+def halton(index: Array, base: int = 2) -> Array:
     """Van der Corput number of ``index + 1`` in ``base`` (the Halton sequence's first dimension for 2), in (0, 1)."""
     index = jnp.asarray(index, jnp.uint32) + 1
-    if base == 2:
-        bits = jnp.arange(max_bits, dtype=jnp.uint32)
-        digits = (index >> bits) & 1
-        return jnp.sum(digits.astype(jnp.float32) * 0.5 ** (bits.astype(jnp.float32) + 1))
-    places = jnp.arange(21, dtype=jnp.uint32)  # 3^21 > 2^32
+    places = jnp.arange(math.ceil(32 / math.log2(base)), dtype=jnp.uint32)  # every digit of a uint32
     digits = (index // jnp.asarray(base, jnp.uint32) ** places) % base
     return jnp.sum(digits.astype(jnp.float32) * (1.0 / base) ** (places.astype(jnp.float32) + 1))
 
