@@ -73,6 +73,17 @@ def superchains(chunks: int, used: int) -> int:
     return chunks if chunks >= 2 else next((g for g in (16, 8, 4, 2) if used >= 16 * g), 2 if used >= 4 else 0)
 
 
+def max_nested_rhat(draws: dict[str, np.ndarray], superchains: int) -> float:
+    """Largest nested R-hat over every scalar of ``draws`` (``{name: (chains, draws, ...)}``), the chains cut
+    to a multiple of ``superchains``; 1.0 without superchains or any finite value."""
+    if not superchains:
+        return 1.0
+    used = next(iter(draws.values())).shape[0]
+    rhats = np.concatenate([np.ravel(nested_rhat(v[:used - used % superchains], superchains))
+                            for v in draws.values()])
+    return float(np.nanmax(rhats)) if np.isfinite(rhats).any() else 1.0
+
+
 def remaining(draws: int, min_ess: float, target_ess: float, max_draws: int) -> int:
     """Draws still to go, extrapolated linearly from the ESS so far (capped at ``max_draws``)."""
     if min_ess >= target_ess:
@@ -122,15 +133,12 @@ class Stopping:
         """
         draws = self.draws(self.plan.num_segments)
         used = next(iter(draws.values())).shape[0]
-        groups = superchains(self.plan.num_chunks, used)
-        worst, split, nested = "", 1.0, 1.0
+        worst, split = "", 1.0
         for name, v in draws.items():
             r = np.ravel(split_rhat(v))
             if np.isfinite(r).any() and np.nanmax(r) > split:
                 split, worst = float(np.nanmax(r)), name
-            if groups:
-                nr = np.ravel(nested_rhat(v[:used - used % groups], groups))
-                nested = max(nested, float(np.nanmax(nr))) if np.isfinite(nr).any() else nested
+        nested = max(1.0, max_nested_rhat(draws, superchains(self.plan.num_chunks, used)))
         return {"max_rhat": split, "max_nested_rhat": nested, "worst": worst, "chains": used,
                 "draws": self.plan.draws}
 
@@ -187,8 +195,4 @@ class Stopping:
                for m in ("bulk", "tail") for name in draws]
         ess = np.concatenate(ess)
         min_ess = float(np.nanmin(ess)) * self.spec.chains / used if np.isfinite(ess).any() else 0.0
-        groups = superchains(chunks, used)
-        if not groups:
-            return min_ess, 1.0
-        rhats = np.concatenate([np.ravel(nested_rhat(v[:used - used % groups], groups)) for v in draws.values()])
-        return min_ess, float(np.nanmax(rhats)) if np.isfinite(rhats).any() else 1.0
+        return min_ess, max_nested_rhat(draws, superchains(chunks, used))
