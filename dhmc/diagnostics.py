@@ -6,6 +6,7 @@ import numpy as np
 import xarray as xr
 
 from dhmc.distributed.stopping import nested_rhat
+from dhmc.distributed.warmup import describe
 
 __all__ = ["nested_rhat", "summary", "ebfmi", "divergences", "check"]
 
@@ -66,8 +67,7 @@ def check(trace: xr.DataTree, table=None) -> list[str]:
     last = history[-1].get("check", {}) if history else {}
     if last and not last.get("converged"):
         warnings.append(f"warmup='auto' reached its cap ({sum(h['iterations'] for h in history)} iterations) before "
-                        f"the ensemble converged (drift |z| {last['drift_mean']:.3g} and {last['drift_variance']:.3g} "
-                        f"of at most {last['critical']:.3g}, displacement {last['displacement']:.3g} of at least 0.3)")
+                        f"the ensemble converged ({describe(last)})")
     low_bfmi = int((ebfmi(trace) < 0.3).sum())
     if low_bfmi:
         warnings.append(f"E-BFMI below 0.3 in {low_bfmi} chains: momentum resampling explores energy poorly")

@@ -162,12 +162,9 @@ def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dic
         sink.trim_warmup(iterations)
     last = history[-1].get("check", {}) if history else {}
     if history and not last.get("converged"):
-        why = (f"the last round's drift |z| {last.get('drift_mean', float('nan')):.2g} (mean) and "
-               f"{last.get('drift_variance', float('nan')):.2g} (variance) of at most {last.get('critical', 0):.2g}, "
-               f"displacement {last.get('displacement', float('nan')):.2g} of at least {warmup.MIN_DISPLACEMENT}")
-        warnings.warn(f"warmup='auto' reached max_warmup={spec.max_warmup} before the ensemble converged ({why}); "
-                      "the draws may still be biased: check R-hat, or raise max_warmup", ConvergenceWarning,
-                      stacklevel=4)
+        warnings.warn(f"warmup='auto' reached max_warmup={spec.max_warmup} before the ensemble converged (the "
+                      f"last round's {warmup.describe(last)}); the draws may still be biased: check R-hat, or "
+                      "raise max_warmup", ConvergenceWarning, stacklevel=4)
     spec = replace(spec, warmup=iterations)
     runner.spec = spec
     attrs = {**run.attrs, "dhmc_run_spec": json.dumps(asdict(spec))}

@@ -147,6 +147,12 @@ class Check:
         return {k: (v if isinstance(v, bool) else round(float(v), 4)) for k, v in self.__dict__.items()}
 
 
+def describe(check: dict) -> str:
+    """What a round's recorded check (:meth:`Check.as_dict`) measured, in words, for a warning."""
+    return (f"drift |z| {check['drift_mean']:.3g} (mean) and {check['drift_variance']:.3g} (variance) of at most "
+            f"{check['critical']:.3g}, displacement {check['displacement']:.3g} of at least {MIN_DISPLACEMENT}")
+
+
 def critical_z(dim: int) -> float:
     """Two-sided normal quantile at :data:`FALSE_ALARM` shared by ``2 dim`` tests (Bonferroni)."""
     from statistics import NormalDist
@@ -185,4 +191,4 @@ def converged(current: Round, previous: Round | None, start: np.ndarray, end: np
 
 
 __all__ = ["AUTO_ROUND", "MIN_ROUNDS", "DEFAULT_MAX_WARMUP", "Round", "Check", "fixed_rounds", "auto_rounds",
-           "merge", "inverse_mass_matrix", "carry_length", "converged"]
+           "merge", "inverse_mass_matrix", "carry_length", "converged", "describe"]
