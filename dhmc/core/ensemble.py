@@ -288,10 +288,11 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
         # harmonic acceptance already missed the target, the leapfrog may be unstable: every chain diverged
         # there once per round on a 2-D Gaussian of condition 2000 (sds 1 and 1000, correlation 0.999)
         largest = jnp.where(searched, eps0 * jnp.sqrt(2.0).astype(positions.dtype), jnp.inf)
+        capped = lambda log_eps: jnp.minimum(jnp.exp(log_eps), largest)
 
         def body(i, carry):
             states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = carry[:7]
-            eps = jnp.minimum(jnp.exp(da_state.log_step_size), largest)
+            eps = capped(da_state.log_step_size)
             length = jnp.clip(jnp.exp(ch_state.log_length), eps, max_trajectory_length(config, dim, eps))
             p = Params(eps, params.inverse_mass_matrix, length)
             iteration = first_iteration + i
@@ -300,7 +301,7 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
             time = info.n_steps[0] * eps
             da_state = keep(adapt, da.update(da_state, harmonic_mean(info.acceptance_rate, info.diverging)), da_state)
             if config.kind in JITTERED:
-                new_eps = jnp.minimum(jnp.exp(da_state.log_step_size), largest)
+                new_eps = capped(da_state.log_step_size)
                 cap = max_trajectory_length(config, dim, new_eps)
                 new = ch.update(ch_state, time, new_eps, start, info.proposal, info.proposal_velocity,
                                 info.acceptance_rate, info.diverging, whiten, cap)

@@ -89,10 +89,9 @@ def chees_trajectory(
         it by up to half when ``T`` is a step or two), and a draw costs ``E n = T / (2 eps) + 1/2``
         gradients, whose log-derivative is ``T / (T + eps)``.
         """
-        weight = jnp.where(diverging, 0.0, acceptance)
-        total = jnp.sum(weight) + 1e-10
         ok = jnp.isfinite(proposal).all(axis=1) & jnp.isfinite(proposal_velocity).all(axis=1)
-        weight = jnp.where(ok, weight, 0.0)
+        weight = jnp.where(diverging | ~ok, 0.0, acceptance)
+        total = jnp.sum(weight) + 1e-10
         proposal = jnp.where(ok[:, None], proposal, start)
         centre = start.mean(axis=0)
         start_centred = whiten(start - centre)
