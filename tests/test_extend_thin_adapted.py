@@ -110,3 +110,19 @@ def test_save_warmup_keeps_every_warmup_draw_and_changes_no_draw(client2, tmp_pa
     if store:
         np.testing.assert_array_equal(zarr_.open_store(path)[0]["dhmc/warmup_position"][...], warm.values[:, -1])
         np.testing.assert_array_equal(dhmc.open_trace(path)["warmup_posterior"]["x"].values, warm.values)
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
+def test_save_warmup_with_auto_warmup_keeps_the_iterations_it_ran(client2, tmp_path, store):
+    """Room is made for max_warmup (1000) iterations; the group is cut to those the automatic warmup ran."""
+    common = dict(chains=32, draws=50, chains_per_task=16, cluster=client2, progress=False)
+    path = tmp_path / "a.zarr" if store else None
+    kept = dhmc.sample("gaussian_2d", save_warmup=True, store=path, **common)
+    plain = dhmc.sample("gaussian_2d", **common)
+    iterations = sum(h["iterations"] for h in json.loads(kept["posterior"].attrs["dhmc_warmup"]))
+    assert 75 <= iterations < 1000  # three rounds of 25 at the least
+    warm = kept["warmup_posterior"]["x"]
+    assert warm.shape == (32, iterations, 2) and np.isfinite(warm.values).all()
+    np.testing.assert_array_equal(kept["posterior"]["x"].values, plain["posterior"]["x"].values)
+    if store:
+        np.testing.assert_array_equal(dhmc.open_trace(path)["warmup_posterior"]["x"].values, warm.values)

@@ -77,15 +77,16 @@ class MemorySink:
         draws = min(segments * self.layout.draws_per_segment, self.layout.draws)
         self.layout = replace(self.layout, draws=draws)
         self.arrays = {g: {k: a[:, :draws].copy() for k, a in v.items()} for g, v in self.arrays.items()}
-        self._tree.result()  # the thread's tree (of max_draws draws) is replaced
-
-        self._tree = Future()
-        self._tree.set_result(schema.to_datatree(self.layout, {**self.arrays, **self.warmup}, {}, self.extra))
+        self._reassemble()
 
     def trim_warmup(self, iterations: int) -> None:
         """``save_warmup`` with ``warmup="auto"``: keep the iterations warmup ran (room was made for ``max_warmup``)."""
         self.layout = replace(self.layout, warmup_draws=iterations)
         self.warmup = {g: {k: a[:, :iterations].copy() for k, a in v.items()} for g, v in self.warmup.items()}
+        self._reassemble()
+
+    def _reassemble(self) -> None:
+        """Replace the thread's tree (built on the arrays before a trim) by one on the current arrays."""
         self._tree.result()
         self._tree = Future()
         self._tree.set_result(schema.to_datatree(self.layout, {**self.arrays, **self.warmup}, {}, self.extra))
