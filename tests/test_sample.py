@@ -64,7 +64,7 @@ def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel, warm
 
 
 def test_a_capped_auto_warmup_warns_and_summary_flags_it(client2):
-    """Two rounds cannot pass the rule (it needs four): max_warmup=50 ends unconverged, and says so twice."""
+    """Two rounds cannot end warmup (it needs three): max_warmup=50 ends unconverged, and says so twice."""
     logdensity = lambda p: -0.5 * jnp.sum(p["x"] ** 2)
     with pytest.warns(dhmc.ConvergenceWarning, match=r"reached max_warmup=50 before the ensemble converged "
                                                      r"\(the last round's drift \|z\| "):

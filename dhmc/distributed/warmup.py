@@ -32,7 +32,7 @@ import numpy as np
 from dhmc.core.adaptation.welford import WelfordState, welford
 
 AUTO_ROUND = 25  # iterations per round of warmup="auto"
-MIN_ROUNDS = 3  # a metric from round 0, used in round 1, checked against round 2 (and passing twice: 4 rounds)
+MIN_ROUNDS = 3  # a metric from round 0, used in round 1, checked against round 2 (rounds 1 and 2 both passing)
 DEFAULT_MAX_WARMUP = 1000
 FIXED_FRACTIONS = (0.15, 0.15, 0.25, 0.35, 0.10)  # an integer warmup: the metric after all rounds but the last
 MIN_DISPLACEMENT = 0.3
