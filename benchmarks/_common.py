@@ -174,6 +174,18 @@ def report_errors(rows: list[dict], label, tail: int = 1500) -> int:
     return 1 if failed else 0
 
 
+def finish(path, rows: list[dict], label, sections, started: float | None = None, tail: int = 1500) -> int:
+    """A benchmark's end: its tables (each after a blank line), every failed measurement, where the JSON
+    went (and the seconds since ``started``); returns the exit code (:func:`report_errors`)."""
+    for text in sections:
+        print()
+        print(text)
+    code = report_errors(rows, label, tail)
+    took = "" if started is None else f" ({time.perf_counter() - started:.0f} s)"
+    print(f"\nwrote {path}{took}")
+    return code
+
+
 def timed(fn):
     """``(seconds, result)`` of ``fn()``, with every JAX array in the result ready."""
     import jax

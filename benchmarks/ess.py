@@ -682,14 +682,8 @@ def main(argv=None) -> int:
                            + ("" if z is None else f", max|z| {z:.2f}, correct {rec.get('correct')}"))
                 print(f"[{time.perf_counter() - t:6.1f} s] {label(problem)} {sampler}: {msg}", flush=True)
                 save()  # after every measurement: a long run that dies keeps what it measured
-    path = save()
-    print()
-    print(md_table(rows, COLUMNS))
-    print()
-    print(summary_markdown(summarise(rows)))
-    code = C.report_errors(rows, lambda r: f"{r['problem']} {r['sampler']}")
-    print(f"\nwrote {path} ({time.perf_counter() - started:.0f} s)")
-    return code
+    return C.finish(save(), rows, lambda r: f"{r['problem']} {r['sampler']}",
+                    [md_table(rows, COLUMNS), summary_markdown(summarise(rows))], started)
 
 
 if __name__ == "__main__":

@@ -634,14 +634,8 @@ def main(argv=None) -> int:
                        f"correct {r['correct']}, {r['total_s']:.1f} s")
                 print(f"[{time.perf_counter() - t:6.1f} s] {ess.label(problem)} {sampler}: {msg}", flush=True)
                 save()  # after every measurement: a run cut short keeps what it measured
-    path = save()
-    print()
-    print(ess.md_table(rows, COLUMNS))
-    print()
-    print(summary_markdown(summarise(rows)))
-    code = C.report_errors(rows, lambda r: f"{r['problem']} {r['sampler']} seed {r['seed']}")
-    print(f"\nwrote {path} ({time.perf_counter() - started:.0f} s)")
-    return code
+    return C.finish(save(), rows, lambda r: f"{r['problem']} {r['sampler']} seed {r['seed']}",
+                    [ess.md_table(rows, COLUMNS), summary_markdown(summarise(rows))], started)
 
 
 if __name__ == "__main__":

@@ -307,14 +307,8 @@ def main(argv=None) -> int:
             add_ratios(rows)
             C.write_json(args.out, payload())  # after each measurement: a time limit keeps what was done
     add_ratios(rows)
-    path = C.write_json(args.out, payload())
-    print()
-    print(C.table(rows, COLUMNS))
-    print()
-    print(dhmc_breakdown(rows))
-    code = C.report_errors(rows, lambda r: f"{r['target']} {r['chains']} {r['method']}", tail=800)
-    print(f"\nwrote {path}")
-    return code
+    return C.finish(C.write_json(args.out, payload()), rows, lambda r: f"{r['target']} {r['chains']} {r['method']}",
+                    [C.table(rows, COLUMNS), dhmc_breakdown(rows)], tail=800)
 
 
 if __name__ == "__main__":
