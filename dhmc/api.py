@@ -15,7 +15,7 @@ import numpy as np
 from dhmc.distributed.continuation import continued_run
 from dhmc.distributed.driver import RunContext, drive
 from dhmc.distributed.spec import RunSpec, adapted_options, check_kernel_fits, check_options, layout_for, run_attrs
-from dhmc.distributed.startup import Startup
+from dhmc.distributed.startup import Startup, pickle_target
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
 
@@ -128,6 +128,7 @@ def sample(
                             max_draws=max_draws, thinning=thinning, prior=prior, max_warmup=max_warmup)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
     resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"])
+    pickled = pickle_target(resolved)  # as the user gave it: nothing has traced it yet
     model = with_labels(resolved.build(), dims, coords)
     check_kernel_fits(options["kernel"], model.dim)
     params = None
@@ -150,7 +151,8 @@ def sample(
     except BaseException:
         startup.abandon()
         raise
-    run = RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=run_attrs(spec, model, store),
+    run = RunContext(spec=spec, target=resolved, pickled=pickled, model=model, layout=layout,
+                     attrs=run_attrs(spec, model, store),
                      positions=positions, store=store, overwrite=overwrite, observers=_observers(progress),
                      inputs=_inputs(target, model_kwargs, init), params=params)
     return drive(run, startup)

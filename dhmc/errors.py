@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["BlockTimeoutError", "ConvergenceWarning", "ModelMismatchError", "NoWorkersError", "StoreLockedError",
-           "WorkerCrashError"]
+__all__ = ["BlockTimeoutError", "ClusterError", "ConvergenceWarning", "ModelMismatchError", "NoWorkersError",
+           "StoreLockedError", "WorkerCrashError"]
 
 
 class ConvergenceWarning(UserWarning):
@@ -53,3 +53,7 @@ class ModelMismatchError(ValueError):
 
     Continuing would mix draws of two different runs in one store; ``force=True`` (``--force``) does it anyway.
     """
+
+
+class ClusterError(RuntimeError):
+    """A cluster that cannot be started or reached, or a target its workers cannot receive."""

@@ -24,15 +24,13 @@ from distributed.core import Status
 from distributed.deploy.cluster import Cluster
 from distributed.deploy.subprocess import SubprocessWorker
 
-from dhmc.distributed import config
+from dhmc.distributed import config, network
+from dhmc.distributed.slurm import slurm_cluster
+from dhmc.errors import ClusterError
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("local", "cuda", "slurm")
-
-
-class ClusterError(RuntimeError):
-    """A cluster that cannot be started or reached."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +68,8 @@ class PinnedWorker(SubprocessWorker):
     """
 
     def __init__(self, scheduler: str, cores: list[int] | None = None, max_restarts: int = 10,
-                 log_file: str | None = None, **kwargs):
-        self.cores, self.restarts_left, self.log_file = cores, max_restarts, log_file
+                 log_file: str | None = None, env: dict | None = None, **kwargs):
+        self.cores, self.restarts_left, self.log_file, self.env = cores, max_restarts, log_file, env or {}
         self.deaths: list[WorkerDeath] = []
         self._closing, self._supervisor, self._log_start = False, None, 0
         super().__init__(scheduler, **kwargs)
@@ -85,11 +83,12 @@ class PinnedWorker(SubprocessWorker):
         taskset = shutil.which("taskset")
         if self.cores and taskset:  # pin by exec, not preexec_fn: no fork hooks in a JAX process
             cmd = [taskset, "-c", ",".join(map(str, self.cores)), *cmd]
+        env = {**os.environ, **self.env}
         if self.log_file is None:
-            return await asyncio.create_subprocess_exec(*cmd)
+            return await asyncio.create_subprocess_exec(*cmd, env=env)
         with open(self.log_file, "ab") as log:
             self._log_start = log.tell()
-            env = {**os.environ, "DHMC_BLOCK_LOG": "1"}  # the worker notes each block it starts in its log
+            env["DHMC_BLOCK_LOG"] = "1"  # the worker notes each block it starts in its log
             return await asyncio.create_subprocess_exec(*cmd, stderr=log, env=env)
 
     async def _start(self) -> None:
@@ -190,8 +189,11 @@ class _ReportedByDhmc(logging.Filter):
 
 
 def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboard_address: str = "127.0.0.1:0",
-                  pin: bool = True, memory_limit=0, max_restarts: int = 10) -> SpecCluster:
-    """The embedded cluster: an in-process scheduler on loopback and one pinned worker per core."""
+                  pin: bool = True, memory_limit=0, max_restarts: int = 10, security=None) -> SpecCluster:
+    """The embedded cluster: an in-process scheduler and one pinned worker per core, on loopback by default.
+
+    On another ``host`` it uses TLS: ``security`` (a ``distributed.security.Security``), or per-run certificates.
+    """
     cores = available_cores()
     n_workers = n_workers or len(cores)
     worker_opts = {"nthreads": 1, "host": host, "memory_limit": memory_limit, "silence_logs": 40,
@@ -200,17 +202,21 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
     if not any(isinstance(f, _ReportedByDhmc) for f in scheduler_log.filters):
         scheduler_log.addFilter(_ReportedByDhmc())
     log_dir = tempfile.mkdtemp(prefix="dhmc-workers-")
+    security = network.security_for(host, security)
+    env = network.security_env(security, os.path.join(log_dir, "tls")) if security is not None else {}
     workers = {}
     for i in range(n_workers):
         mine = [cores[i % len(cores)]] if pin and n_workers <= len(cores) else None
         workers[f"dhmc-{i}"] = {"cls": PinnedWorker, "options": {
             "cores": mine, "max_restarts": max_restarts, "worker_class": "distributed.Worker",
-            "log_file": os.path.join(log_dir, f"dhmc-{i}.log"),
+            "log_file": os.path.join(log_dir, f"dhmc-{i}.log"), "env": env,
             "worker_kwargs": {**worker_opts, "name": f"dhmc-{i}"}, "name": f"dhmc-{i}"}}
     port = _free_port(host)
-    scheduler = {"cls": Scheduler, "options": {"host": host, "port": port, "dashboard_address": dashboard_address}}
+    protocol = "tls" if security is not None else "tcp"
+    scheduler = {"cls": Scheduler, "options": {"host": host, "port": port, "dashboard_address": dashboard_address,
+                                               "protocol": protocol, "security": security}}
     return EmbeddedCluster(workers=workers, scheduler=scheduler, name="dhmc-local", silence_logs=40,
-                           scheduler_address=f"tcp://{host}:{port}", log_dir=log_dir)
+                           scheduler_address=f"{protocol}://{host}:{port}", log_dir=log_dir, security=security)
 
 
 def cuda_cluster(n_workers=None, host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_fraction=0.8,
@@ -225,82 +231,11 @@ def cuda_cluster(n_workers=None, host="127.0.0.1", dashboard_address="127.0.0.1:
     os.environ.setdefault("JAX_CUDA_VISIBLE_DEVICES", "0")  # each worker's first visible GPU is its own
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_CLIENT_MEM_FRACTION", str(memory_fraction))
+    security = network.security_for(host, kwargs.pop("security", None))
+    if security is not None:
+        kwargs.update(security=security, protocol="tls://")
     return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1, host=host,
                             dashboard_address=dashboard_address, resources={"GPU": 1}, **kwargs)
-
-
-def slurm_cluster(jobs=2, job_replacements=10, **kwargs):
-    """``dask_jobqueue.SLURMCluster`` with dhmc's config; scaled to ``jobs`` single-worker jobs.
-
-    A job whose worker is lost (``scancel``, walltime, preemption, a dead node) is replaced by a new
-    one, ``job_replacements`` times in all (see :class:`JobReplacer`).
-    """
-    try:
-        from dask_jobqueue import SLURMCluster
-    except ImportError:
-        raise ClusterError("cluster='slurm' needs dask-jobqueue: pip install 'dhmc[slurm]'") from None
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    kwargs.setdefault("python", sys.executable)
-    cluster = SLURMCluster(**kwargs)
-    cluster.scale(jobs=jobs)
-    cluster.dhmc_replacer = JobReplacer(cluster, int(job_replacements)).start()
-    return cluster
-
-
-class JobReplacer:
-    """Submit a new job for each job of a jobqueue cluster whose worker was lost, ``budget`` times in all.
-
-    ``scale(jobs=n)`` alone never replaces a job: once a job's worker has been gone from the scheduler
-    for ``distributed.deploy.lost-worker-timeout`` (15 s, time for a worker its Nanny restarts to come
-    back) the cluster forgets the job, but nothing asks it for the jobs it still plans. This asks, once
-    a second. ``adapt(minimum_jobs=n, maximum_jobs=n)`` asks too, as fast (measured on the local Slurm,
-    from ``scancel`` to the new job's submission and its worker's arrival: 15.3 s and 18.5 s with
-    ``adapt``, 16.2 s and 18.9 s with this), but without a limit; limiting it means rewriting both its
-    bounds and the cluster's plan behind its back, and it asks the scheduler for a target every second.
-    Once the budget is spent a lost job is dropped from the plan: blocks wait for the workers left and,
-    with none left, the run ends with ``NoWorkersError`` after ``dhmc.no-workers-timeout``. A job that
-    ends before its worker first connects is never noticed (the scheduler never saw it leave).
-    """
-
-    def __init__(self, cluster, budget: int, interval: float = 1.0):
-        self.cluster, self.left, self.interval = cluster, budget, interval
-        self.replaced: list[str] = []  # job ids whose loss was made good, oldest first
-        self._jobs: dict[str, str] = {}  # worker-spec name -> job id, for jobs whose worker we may lose
-
-    def start(self) -> JobReplacer:
-        self.cluster.loop.add_callback(self._watch)
-        return self
-
-    async def _watch(self) -> None:
-        while self.cluster.status not in (Status.closing, Status.closed):
-            try:
-                self.check()
-            except Exception:  # noqa: BLE001 - the watcher must outlive one bad look
-                logger.warning("dhmc: could not check the cluster's jobs", exc_info=True)
-            await asyncio.sleep(self.interval)
-
-    def check(self) -> None:
-        """Replace (or, with no budget left, drop) the planned jobs whose worker the cluster has given up on."""
-        cluster = self.cluster
-        self._jobs = {name: job for name, job in self._jobs.items() if name in cluster.worker_spec}
-        for name, job in cluster.workers.items():
-            self._jobs[name] = str(getattr(job, "job_id", None) or name)
-        replaced = False
-        for name in [name for name in self._jobs if name not in cluster.workers]:
-            job = self._jobs.pop(name)  # its new job is seen on a later look
-            if self.left > 0:
-                self.left -= 1
-                self.replaced.append(job)
-                replaced = True
-                logger.warning("dhmc: job %s lost its worker; submitting a new one (%d replacement(s) left)",
-                               job, self.left)
-            else:
-                del cluster.worker_spec[name]
-                logger.warning("dhmc: job %s lost its worker and no job replacements are left "
-                               "(dhmc.cluster.slurm.job-replacements); going on with %d job(s)",
-                               job, len(cluster.worker_spec))
-        if replaced:
-            cluster.scale(jobs=len(cluster.worker_spec))  # submits the planned jobs that have none
 
 
 def expected_workers(cluster) -> int:
@@ -369,4 +304,4 @@ def _close(client, cluster):
             logger.setLevel(level)
 
 
-__all__ = ["connect", "local_cluster", "cuda_cluster", "slurm_cluster", "JobReplacer", "ClusterError", "KINDS"]
+__all__ = ["connect", "local_cluster", "cuda_cluster", "ClusterError", "KINDS"]

@@ -8,6 +8,7 @@ import jax
 
 from dhmc.distributed.driver import RunContext
 from dhmc.distributed.spec import RunSpec
+from dhmc.distributed.startup import pickle_target
 from dhmc.models.fingerprint import check_same_run
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import resolve_target, with_outputs
@@ -41,6 +42,7 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     target = spec.model if target is None else target
     resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
     resolved = with_outputs(resolved, name, spec.log_likelihood, spec.predictive)
+    pickled = pickle_target(resolved)  # before anything traces it
     model = resolved.build()
     if not force:
         check_same_run(path, root.attrs, model)
@@ -49,8 +51,8 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
         root, layout = zarr_.open_store(path)
         spec = _spec(root, path)
     attrs = {k: root.attrs[k] for k in ATTRS if k in root.attrs}
-    return RunContext(spec=spec, target=resolved, model=model, layout=layout, attrs=attrs, store=path, resume=True,
-                      observers=observers, params=zarr_.load_initial_params(root, model.dtype))
+    return RunContext(spec=spec, target=resolved, pickled=pickled, model=model, layout=layout, attrs=attrs, store=path,
+                      resume=True, observers=observers, params=zarr_.load_initial_params(root, model.dtype))
 
 
 def _spec(root, path) -> RunSpec:

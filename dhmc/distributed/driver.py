@@ -21,7 +21,7 @@ import numpy as np
 from dhmc.distributed import warmup
 from dhmc.distributed.runner import Runner, initial_params
 from dhmc.distributed.spec import RunSpec
-from dhmc.distributed.startup import Startup, pickle_target
+from dhmc.distributed.startup import Startup
 from dhmc.distributed.stopping import RHAT_MAX, Stopping
 from dhmc.errors import ConvergenceWarning
 from dhmc.models.base import FlatModel
@@ -34,7 +34,8 @@ class RunContext:
     """Everything one run needs, checked by the API before any work is sent."""
 
     spec: RunSpec
-    target: object  # picklable: what workers rebuild the model from
+    target: object  # what the driver draws prior samples from
+    pickled: tuple[bytes, str]  # the target pickled for workers, and its hash (see startup.pickle_target)
     model: FlatModel
     layout: schema.Layout
     attrs: dict  # JSON-able attributes of the result (and of a store)
@@ -56,7 +57,7 @@ def drive(run: RunContext, startup: Startup):
     runner = lock = None
     try:
         lock = _lock(run.store, run_id)
-        blob, token = pickle_target(run.target)
+        blob, token = run.pickled
         root, sink = _open_sink(run, run_id)
         runner = Runner(client, run.spec, blob, token, run.model.dtype, sink, run.observers, startup.executables,
                         store=run.store, run_id=run_id)

@@ -30,6 +30,7 @@ class Startup:
     def __init__(self, spec: RunSpec, model, cluster, options):
         self.t0 = time.perf_counter()
         self.cluster, self.options, self.seconds = cluster, options, 0.0
+        self.setup = _worker_setup()
         embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
         self._folder = tempfile.mkdtemp(prefix="dhmc-programs-") if embedded else None
         self.executables = precompile(spec, model, self._folder) if embedded else None
@@ -37,9 +38,17 @@ class Startup:
 
     def connect(self):
         """``(client, close)``, waiting for a cluster being started."""
-        connected = self._pending.result() if self._pending else _connect(self.cluster, self.options)
+        client, close = self._pending.result() if self._pending else _connect(self.cluster, self.options)
+        if self.setup is not None:
+            from dhmc.distributed.setup import register
+
+            try:
+                register(client, self.setup)
+            except BaseException:
+                close()
+                raise
         self.seconds = time.perf_counter() - self.t0
-        return connected
+        return client, close
 
     def close(self) -> None:
         """Remove the compiled programs' files (the run is over)."""
@@ -52,6 +61,18 @@ class Startup:
         if self._pending is not None:
             pending = self._pending
             in_thread(lambda: pending.result()[1]())
+
+
+def _worker_setup():
+    """The run's worker set-up (dask config ``dhmc.worker-setup``), checked before any cluster starts."""
+    import dask.config
+
+    entries = dask.config.get("dhmc.worker-setup", default=None)
+    if not entries:
+        return None
+    from dhmc.distributed.setup import worker_setup
+
+    return worker_setup(entries)
 
 
 def _connect(cluster, options):
@@ -90,10 +111,40 @@ def pickle_target(target) -> tuple[bytes, str]:
         cloudpickle.register_pickle_by_value(module)
     try:
         blob = cloudpickle.dumps(target)
+    except Exception as e:  # noqa: BLE001 - say what could not be pickled, and how to fix it
+        where, part = _unpicklable(target, "the target")
+        raise TypeError(f"{where} cannot be sent to the workers: cloudpickle failed on {type(part).__name__} "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); make it picklable, "
+                        "or build it inside the log density or in a module the workers import "
+                        "(dhmc.worker-setup)") from None
     finally:
         for module in modules:
             cloudpickle.unregister_pickle_by_value(module)
     return blob, hashlib.sha1(blob).hexdigest()
+
+
+def _unpicklable(obj, where: str, depth: int = 4) -> tuple[str, object]:
+    """The innermost part of ``obj`` that cloudpickle cannot pickle, and where it sits (``target.fn.cache``)."""
+    if depth == 0:
+        return where, obj
+    parts = []
+    fn = getattr(obj, "__func__", obj)
+    if hasattr(fn, "__code__"):  # a function: its closure cells and the globals it names
+        cells = zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)
+        parts += [(f"{where} (closure {name!r})", cell.cell_contents) for name, cell in cells]
+        parts += [(f"{where} (global {name!r})", fn.__globals__[name]) for name in fn.__code__.co_names
+                  if name in getattr(fn, "__globals__", {})]
+    elif hasattr(obj, "func") and hasattr(obj, "args"):  # functools.partial
+        parts += [(f"{where}.func", obj.func), *((f"{where}.args[{i}]", a) for i, a in enumerate(obj.args)),
+                  *((f"{where}.keywords[{k!r}]", v) for k, v in obj.keywords.items())]
+    else:
+        parts += [(f"{where}.{name}", value) for name, value in getattr(obj, "__dict__", {}).items()]
+    for name, part in parts:
+        try:
+            cloudpickle.dumps(part)
+        except Exception:  # noqa: BLE001 - found a culprit: look inside it
+            return _unpicklable(part, name, depth - 1)
+    return where, obj
 
 
 def precompile(spec: RunSpec, model, folder: str) -> dict:

@@ -8,6 +8,7 @@ later tasks reuse it (a jitted closure shipped per task would re-trace every tim
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -124,7 +125,15 @@ def dask_setup(worker=None) -> None:
 def load_model(token: str, blob: bytes):
     """The target's flat model, unpickled and built once per process."""
     if token not in _MODELS:
-        _MODELS[token] = cloudpickle.loads(blob).build()
+        try:
+            target = cloudpickle.loads(blob)
+        except (ImportError, AttributeError) as e:  # a module the driver had and this worker has not
+            from dhmc.errors import ClusterError
+
+            raise ClusterError(f"worker on {socket.gethostname()} cannot unpickle the target: {type(e).__name__}: "
+                               f"{e}; install it there, or import what builds it on every worker with "
+                               "dhmc.worker-setup (dhmc sample --worker-setup MODULE_OR_SCRIPT)") from None
+        _MODELS[token] = target.build()
     return _MODELS[token]
 
 
@@ -255,7 +264,7 @@ def run_job(job: Job) -> dict:
     start = time.perf_counter()
     end, out = jax.tree.map(np.asarray, program(*args))
     seconds = time.perf_counter() - start
-    result = {"position": end, "seconds": seconds, "compile_seconds": compile_seconds}
+    result = {"position": end, "seconds": seconds, "compile_seconds": compile_seconds, "where": _where()}
     n = job.chain_stop - job.chain_start
     if job.phase == "warmup":
         if job.config.record_warmup:
@@ -281,6 +290,17 @@ def run_job(job: Job) -> dict:
                 result["head"] = {k: np.array(v[:job.head_chains]) for k, v in block["posterior"].items()}
     _record(job, n, grad_evals, seconds, compile_seconds, acceptance, divergences)
     return result
+
+
+def _where() -> dict:
+    """This process's host name and, inside a Dask worker, its address."""
+    try:
+        from distributed import get_worker
+
+        address = get_worker().address
+    except (ImportError, ValueError):
+        address = ""
+    return {"host": socket.gethostname(), "worker": address}
 
 
 def chain_moments(posterior: dict[str, np.ndarray], max_chains: int = 256, max_params: int = 16) -> dict:

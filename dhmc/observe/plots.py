@@ -104,6 +104,11 @@ def _subtitle(studies: Sequence[dict]) -> str:
         bits.append(f"{cores} cores")
     if repeat:
         bits.append(f"median of {repeat}, bars min-max")
+    shared = [r for r in study["runs"] if r.get("machines") and len(r.get("hosts", ())) > r["machines"]]
+    if shared:  # hosts that are namespaces or containers of fewer machines share those machines' cores
+        run = max(shared, key=lambda r: len(r["hosts"]))
+        machines = "one machine's" if run["machines"] == 1 else f"{run['machines']} machines'"
+        return ", ".join(bits) + f"\n{len(run['hosts'])} hosts share {machines} {run['machine_cores']} cores"
     return ", ".join(bits)
 
 

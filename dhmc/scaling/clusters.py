@@ -138,6 +138,27 @@ def _count(client) -> int:
     return len(_workers(client))
 
 
+def placement(client) -> dict:
+    """Where the workers run: their distinct ``hosts`` (addresses), the ``machines`` under them (hosts of one
+    machine, such as network namespaces or containers, share its boot id) and the cores of the largest machine."""
+    def machine():
+        import os
+
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot = f.read().strip()
+        except OSError:
+            boot = os.uname().nodename
+        return boot, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+    found = {}
+    with suppress(Exception):
+        found = client.run(machine)
+    hosts = sorted({w.get("host") for w in _workers(client).values()})
+    return {"hosts": hosts, "machines": len({boot for boot, _ in found.values()}) or None,
+            "machine_cores": max((cores for _, cores in found.values()), default=None)}
+
+
 def cluster_info(client) -> dict:
     """What the workers of the first point run on: threads, memory, and JAX's devices."""
     info = _workers(client)

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dhmc.observe import plots
-from dhmc.scaling.clusters import Clusters, cluster_info
+from dhmc.scaling.clusters import Clusters, cluster_info, placement
 from dhmc.scaling.measure import time_point
 from dhmc.scaling.plan import check_models, hmc_settings, study_points
 from dhmc.scaling.report import derive, load_average, machine_info, write_json
@@ -120,7 +120,7 @@ def run_study(
             for m in models:
                 step, steps = settings[m]
                 record = time_point(client, m, n, c, draws, cpt_of(c), step, steps, seed, repeat)
-                record.update(cluster_start_seconds=cluster_seconds, pinned=clusters.pinned(n),
+                record.update(placement(client), cluster_start_seconds=cluster_seconds, pinned=clusters.pinned(n),
                               fresh_workers=clusters.restarted is not False, cpu_workers=clusters.cpu_workers,
                               load_average=load_average())
                 runs.append(record)

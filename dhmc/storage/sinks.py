@@ -117,7 +117,7 @@ class StoreSink:
         from dhmc.storage.zarr_ import check_block, mark_done
 
         check_block(self.layout, chunk, segment, result["written"], self.path)
-        mark_done(self.root, chunk, segment)
+        mark_done(self.root, chunk, segment, result.get("where"))
 
     def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
         """``save_warmup``: the driver writes a warmup block's draws (warmup blocks report to it anyway)."""

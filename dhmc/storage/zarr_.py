@@ -21,6 +21,7 @@ from dhmc.storage.lock import check_free
 from dhmc.storage.schema import Layout, VariableSpec, fill_value
 
 INTERNAL = "dhmc"
+WHERE = ("host", "worker")  # per block: the host name and the worker address that ran it
 
 
 class StoreError(ValueError):
@@ -106,6 +107,9 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, extra
     internal = root.create_group(INTERNAL)
     internal.create_array("done", shape=(layout.num_chunks, layout.num_segments), chunks=(1, 1), dtype="uint8",
                           fill_value=0, dimension_names=["chunk", "segment"])
+    for name in WHERE:  # which host and worker ran each block, for a user to see where the work went
+        internal.create_array(name, shape=(layout.num_chunks, layout.num_segments), chunks=(1, 1), dtype=str,
+                              fill_value="", dimension_names=["chunk", "segment"])
     internal.create_array("position", shape=(layout.chains, layout.num_segments, dim), chunks=(cpt, 1, dim),
                           dtype=str(np.dtype(float_dtype)), fill_value=np.nan,
                           dimension_names=["chain", "segment", "unconstrained"])
@@ -187,9 +191,17 @@ def check_block(layout: Layout, chunk: int, segment: int, shapes: dict, where) -
                          f"{expected.get(wrong[0], (chains, '...'))}; nothing of it was marked done")
 
 
-def mark_done(root: zarr.Group, chunk: int, segment: int) -> None:
-    """Mark a block done, after its draws and end positions are in the store."""
+def mark_done(root: zarr.Group, chunk: int, segment: int, where: dict | None = None) -> None:
+    """Mark a block done, after its draws and end positions are in the store; ``where``: its host and worker."""
+    for name, value in (where or {}).items():
+        if name in WHERE and name in root[INTERNAL]:  # a store of an older dhmc has no such record
+            root[f"{INTERNAL}/{name}"][chunk, segment] = str(value)
     root[f"{INTERNAL}/done"][chunk, segment] = 1
+
+
+def _per_block(root: zarr.Group) -> list:
+    """The ``(chunk, segment)`` arrays of the internal group: done flags, and hosts and workers where kept."""
+    return [root[f"{INTERNAL}/{name}"] for name in ("done", *WHERE) if name in root[INTERNAL]]
 
 
 def blocks_done(root: zarr.Group) -> np.ndarray:
@@ -214,7 +226,8 @@ def trim(root: zarr.Group, layout: Layout, segments: int) -> Layout:
         for name, spec in specs.items():
             root[f"{group}/{name}"].resize((layout.chains, draws, *spec.shape))
         root[f"{group}/draw"].resize((draws,))
-    root[f"{INTERNAL}/done"].resize((layout.num_chunks, segments))
+    for array in _per_block(root):
+        array.resize((layout.num_chunks, segments))
     position = root[f"{INTERNAL}/position"]
     position.resize((layout.chains, segments, position.shape[2]))
     new = replace(layout, draws=draws)
@@ -253,7 +266,8 @@ def extend(path, draws: int) -> None:
         coordinate.resize((new.draws,))
         coordinate[layout.draws:] = np.arange(layout.draws, new.draws)
     done, position = root[f"{INTERNAL}/done"], root[f"{INTERNAL}/position"]
-    done.resize((new.num_chunks, new.num_segments))
+    for array in _per_block(root):
+        array.resize((new.num_chunks, new.num_segments))
     if layout.draws % layout.draws_per_segment:
         done[:, layout.num_segments - 1] = 0
     position.resize((new.chains, new.num_segments, position.shape[2]))

@@ -335,7 +335,7 @@ def test_job_replacer_replaces_lost_jobs_until_its_budget_is_spent():
     """Without Slurm: the bookkeeping of JobReplacer.check on a stand-in for SLURMCluster."""
     from types import SimpleNamespace
 
-    from dhmc.distributed.clusters import JobReplacer
+    from dhmc.distributed.slurm import JobReplacer
 
     submitted = iter(range(100, 200))
 

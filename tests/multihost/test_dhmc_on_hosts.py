@@ -1,0 +1,323 @@
+"""dhmc on a multi-node Slurm of network namespaces: default config, TLS, and a host crashed, cut off or timed out.
+
+Each run samples ``held_gaussian`` on 3 one-core jobs (one per host). Its workers stall (in a callback
+that adds zeros to the log density) while ``HOLD`` exists, so a fault lands mid-run on any machine, fast
+or loaded. Every faulted run must end with a store bitwise identical to the undisturbed reference run:
+no block lost or doubled. Times to recover are printed (``pytest -s`` or the ``-rA`` report shows them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import dask
+import numpy as np
+import pytest
+import zarr
+
+from . import netns
+
+DRIVER = os.getpid()  # shipped by value: workers compare their pid with the driver's
+HOLD = os.path.join(tempfile.gettempdir(), f"dhmc-test-multihost-hold-{DRIVER}")
+RUN = dict(chains=48, chains_per_task=16, draws=3200, warmup=100, seed=5)  # 3 chunks x 3 segments
+
+
+def _stall_while_held(x):
+    import socket
+
+    host = socket.gethostname()
+    held = lambda: os.getpid() != DRIVER and (os.path.exists(HOLD) or os.path.exists(f"{HOLD}.keep.{host}"))
+    if held():
+        open(f"{HOLD}.{host}", "w").close()  # this host is held inside a block
+    while held():
+        time.sleep(0.05)
+    return np.zeros(x.shape[:-1], x.dtype)
+
+
+def held_gaussian(p):
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.lax.stop_gradient(p["x"])
+    zeros = jax.pure_callback(_stall_while_held, jax.ShapeDtypeStruct((), x.dtype), x, vmap_method="broadcast_all")
+    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + jax.lax.stop_gradient(zeros)
+
+
+@pytest.fixture
+def hold(multihost):
+    """Create HOLD to stall the workers, remove it to let them go on; removed after the test, with the
+    ``HOLD.<host>`` files that say which hosts were held inside a block."""
+    try:
+        yield HOLD
+    finally:
+        for path in [HOLD, *(f"{HOLD}.{kind}{host}" for host in multihost.nodes for kind in ("", "keep."))]:
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _held_host(multihost, timeout: float = 60) -> str:
+    """A host whose worker is held inside a block (``c2`` when it is one): the one to strike."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = [host for host in sorted(multihost.nodes) if os.path.exists(f"{HOLD}.{host}")]
+        if held:
+            return "c2" if "c2" in held else held[0]
+        time.sleep(0.05)
+    pytest.fail(f"no worker was held inside a block within {timeout} s")
+
+
+def _options(tmp_path, name: str, **extra) -> dict:
+    """dhmc's Slurm cluster options for a run: only what the test machine needs, nothing about addresses."""
+    return {"jobs": 3, "job_name": name, "memory": "1GiB", "walltime": "00:10:00",
+            "log_directory": str(tmp_path / "logs"), "local_directory": str(tmp_path / "space"), **extra}
+
+
+def _sample(store, options, outcome) -> threading.Thread:
+    """``dhmc.sample`` of held_gaussian on the multi-host Slurm in a thread; its end lands in ``outcome``."""
+    import jax.numpy as jnp
+
+    import dhmc
+
+    def run():
+        try:
+            dhmc.sample(held_gaussian, init={"x": jnp.zeros(2)}, progress=False, cluster="slurm", store=store,
+                        cluster_options=options, **RUN)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = e
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _done(store) -> int:
+    try:
+        return int(zarr.open_group(str(store), mode="r")["dhmc/done"][...].sum())
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+def _hold_after_first_block(store, thread) -> None:
+    deadline = time.monotonic() + 240
+    while _done(store) < 1 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    open(HOLD, "w").close()
+    assert thread.is_alive() and _done(store) >= 1, ("the run ended or wrote nothing", _done(store))
+
+
+def _where(store) -> tuple[np.ndarray, np.ndarray]:
+    group = zarr.open_group(str(store), mode="r")["dhmc"]
+    return group["host"][...], group["worker"][...]
+
+
+def _assert_same_draws(reference, store) -> None:
+    import xarray as xr
+
+    ref, hit = (xr.open_datatree(p, engine="zarr", consolidated=False) for p in (reference, store))
+    for group in ("posterior", "sample_stats"):
+        for var in ref[group].data_vars:
+            assert np.array_equal(ref[group][var].values, hit[group][var].values), (group, var)
+    done = zarr.open_group(str(store), mode="r")["dhmc/done"][...]
+    assert done.all() and done.max() == 1, done
+
+
+def _report(capsys, line: str) -> None:
+    with capsys.disabled():
+        print(f"\n[multihost] {line}")
+
+
+@pytest.fixture(scope="module")
+def reference(multihost, tmp_path_factory):
+    """The undisturbed run, on 3 hosts with dhmc's default Slurm config, and its wall time."""
+    tmp = tmp_path_factory.mktemp("reference")
+    store, outcome = tmp / "ref.zarr", {}
+    setup = tmp / "setup_workers.py"  # dhmc.worker-setup on the Slurm workers: each notes its host
+    setup.write_text(f"import socket, pathlib\npathlib.Path({str(tmp)!r}, 'setup-' + socket.gethostname()).touch()\n")
+    start = time.monotonic()
+    with dask.config.set({"dhmc.worker-setup": [str(setup)]}):
+        _sample(store, _options(tmp, f"dhmc-ref-{uuid.uuid4().hex[:6]}"), outcome).join(400)
+    assert "at" in outcome and "error" not in outcome, outcome
+    assert {p.name for p in tmp.glob("setup-*")} == {f"setup-{host}" for host in multihost.nodes}
+    return store, outcome["at"] - start
+
+
+def test_a_run_spreads_over_three_hosts_with_the_default_config_over_tls(reference, multihost, capsys):
+    """Every host ran blocks (and the worker set-up, checked by the fixture), each worker over TLS on its own IP."""
+    store, seconds = reference
+    hosts, workers = _where(store)
+    assert set(hosts.ravel()) == set(multihost.nodes), hosts  # c1, c2, c3 each ran blocks
+    ips = {w.split("://")[1].rsplit(":", 1)[0] for w in workers.ravel()}
+    assert ips == set(multihost.nodes.values()), workers  # each worker announced its own host's address
+    assert all(w.startswith("tls://") for w in workers.ravel()), workers
+    import xarray as xr
+
+    x = xr.open_datatree(store, engine="zarr", consolidated=False)["posterior"]["x"].values.reshape(-1, 2)
+    assert np.abs(x.mean(0) - 1).max() < 0.05 and np.abs(x.std(0) - 1).max() < 0.05
+    _report(capsys, f"undisturbed run on {sorted(set(hosts.ravel()))}: {seconds:.1f} s")
+
+
+def _refused(address: str, security) -> bool:
+    """Whether the process at ``address`` refuses a comm with ``security`` (None: none) asking its identity."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def attempt():
+        args = security.get_connection_args("client") if security is not None else {}
+        comm = await connect(address, timeout=3, **args)
+        try:
+            await comm.write({"op": "identity"})
+            await asyncio.wait_for(comm.read(), 3)
+        finally:
+            comm.abort()
+
+    try:
+        asyncio.run(attempt())
+    except Exception:  # noqa: BLE001 - any failure to talk is a refusal
+        return True
+    return False
+
+
+def test_the_scheduler_and_workers_refuse_a_client_or_worker_without_the_certificate(multihost, tmp_path):
+    from distributed.security import Security
+
+    from dhmc.distributed.clusters import connect
+
+    client, close = connect("slurm", _options(tmp_path, f"dhmc-tls-{uuid.uuid4().hex[:6]}", jobs=1))
+    try:
+        scheduler = client.scheduler.address
+        (worker,) = client.scheduler_info()["workers"]
+        assert scheduler.startswith(f"tls://{multihost.bridge_ip}:"), scheduler
+        assert worker.split("://")[1].rsplit(":", 1)[0] in multihost.nodes.values(), worker
+        stranger = Security.temporary()  # a certificate from another CA
+        for address in (scheduler, worker):
+            assert _refused(address, stranger), address
+            assert _refused(address.replace("tls://", "tcp://"), None), address
+            assert not _refused(address, client.security), address
+        # a worker on another host without the certificate does not get in
+        for address in (scheduler, scheduler.replace("tls://", "tcp://")):
+            started = netns.run_in("c3", [sys.executable, "-m", "distributed.cli.dask_worker", address,
+                                          "--no-nanny", "--death-timeout", "8", "--nthreads", "1"], timeout=60)
+            assert started.returncode != 0, started.stderr[-2000:]
+        assert len(client.scheduler_info()["workers"]) == 1
+        assert client.submit(lambda: 41 + 1).result(timeout=30) == 42
+    finally:
+        close()
+
+
+def test_a_crashed_host_is_survived_bitwise(reference, multihost, tmp_path, hold, capsys):
+    store, outcome = tmp_path / "crash.zarr", {}
+    thread = _sample(store, _options(tmp_path, f"dhmc-crash-{uuid.uuid4().hex[:6]}"), outcome)
+    _hold_after_first_block(store, thread)
+    before, victim = _done(store), _held_host(multihost)
+    netns.kill_host(victim)  # its slurmd, job, worker, mid-block: the kernel closes their sockets
+    crashed = time.monotonic()
+    os.remove(hold)
+    while _done(store) <= before and thread.is_alive():
+        time.sleep(0.05)
+    next_block = time.monotonic() - crashed
+    thread.join(300)
+    assert not thread.is_alive(), "the run hangs after a host crashed"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    _assert_same_draws(reference[0], store)
+    hosts, _ = _where(store)
+    _report(capsys, f"host {victim} killed mid-block: next block done {next_block:.1f} s later, run ended "
+                    f"{outcome['at'] - crashed:.1f} s after the crash (blocks per host after: "
+                    f"{ {h: int((hosts == h).sum()) for h in sorted(set(hosts.ravel()))} })")
+
+
+def test_a_partitioned_host_is_survived_bitwise_and_its_stale_block_harms_nothing(reference, multihost, tmp_path,
+                                                                                   hold, capsys):
+    store, outcome = tmp_path / "partition.zarr", {}
+    # detect a silent peer in 12 s, not distributed's default 30 s (the least it allows is 11 s)
+    with dask.config.set({"distributed.comm.timeouts.tcp": "12s"}):
+        thread = _sample(store, _options(tmp_path, f"dhmc-cut-{uuid.uuid4().hex[:6]}"), outcome)
+        _hold_after_first_block(store, thread)
+        before, victim = _done(store), _held_host(multihost)
+        open(f"{HOLD}.keep.{victim}", "w").close()  # the cut-off worker stays in its block after the others go on
+        netns.cut(victim)
+        cut = time.monotonic()
+        os.remove(hold)
+        while _done(store) <= before and thread.is_alive():
+            time.sleep(0.05)
+        next_block = time.monotonic() - cut
+        thread.join(300)
+    assert not thread.is_alive(), "the run hangs after a host was cut off"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    _assert_same_draws(reference[0], store)
+
+    # Still cut off, the stale worker now finishes its block and writes it over the finished store
+    # (the filesystem is shared): the same bytes, each chunk replaced whole, no done flag touched.
+    written = _last_write(store)
+    os.remove(f"{HOLD}.keep.{victim}")
+    deadline = time.monotonic() + 60
+    while _last_write(store) <= written and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _last_write(store) > written, "the cut-off worker wrote nothing within 60 s"
+    stale = time.monotonic() - cut
+    netns.heal(victim)
+    _assert_same_draws(reference[0], store)
+    _report(capsys, f"host {victim} cut off mid-block: next block done {next_block:.1f} s later, run ended "
+                    f"{outcome['at'] - cut:.1f} s after the cut; its stale block landed {stale:.1f} s after the cut")
+
+
+def _last_write(store) -> float:
+    """The newest modification time of a draws chunk in the store."""
+    return max(p.stat().st_mtime for p in (store / "posterior" / "x" / "c").rglob("*") if p.is_file())
+
+
+def test_a_job_at_its_walltime_retires_its_worker_and_is_replaced_bitwise(reference, multihost, tmp_path, hold,
+                                                                            capsys):
+    store, outcome, name = tmp_path / "walltime.zarr", {}, f"dhmc-wall-{uuid.uuid4().hex[:6]}"
+    # Slurm's shortest time limit is a minute: workers retire at 54 s (--lifetime: 10% before it)
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "2s"}):
+        thread = _sample(store, _options(tmp_path, name, walltime="00:01:00"), outcome)
+        _hold_after_first_block(store, thread)
+        first = set(_jobs(name))
+        deadline = time.monotonic() + 150
+        while not (set(_jobs(name)) - first) and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.25)  # held until a job ended and its replacement was submitted
+        replaced = time.monotonic()
+        new = set(_jobs(name)) - first
+        os.remove(hold)
+        thread.join(300)
+    assert new, f"no job replaced the first ones within 150 s: {_jobs(name)}"
+    assert not thread.is_alive(), "the run hangs after its jobs reached their walltime"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    _assert_same_draws(reference[0], store)
+    _report(capsys, f"walltime 1 min: job(s) {sorted(new)} replaced the first {sorted(first)}; run ended "
+                    f"{outcome['at'] - replaced:.1f} s after the first replacement")
+
+
+def _jobs(name: str) -> dict[str, str]:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %T", "-n", name], capture_output=True, text=True,
+                         timeout=30).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def test_weak_scaling_across_hosts_says_they_share_one_machine(multihost, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "scale"
+    done = subprocess.run([sys.executable, "-m", "dhmc.cli", "scale", "weak", "--workers", "1,2,3", "--cluster",
+                           "slurm", "--chains-per-worker", "128", "--draws", "200", "--repeat", "1", "--out", str(out),
+                           "--cluster-option", "memory=1GiB", "--cluster-option", f"log_directory={tmp_path}"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = json.loads((out / "scaling.json").read_text())
+    hosts = [run["hosts"] for run in study["runs"]]
+    assert [len(h) for h in hosts] == [1, 2, 3] and set(hosts[-1]) == set(multihost.nodes.values()), hosts
+    assert {run["machines"] for run in study["runs"]} == {1}  # namespaces of one machine: the plot says so
+    from dhmc.observe.plots import _subtitle
+
+    assert "3 hosts share one machine's" in _subtitle([study])
+    assert {p.name for p in out.glob("*.png")} == {"speedup.png", "efficiency.png", "time_per_chain.png"}
+    _report(capsys, "weak scaling on 1, 2, 3 hosts: " + ", ".join(
+        f"{run['workers']} -> {run['speedup']:.2f}x" for run in study["runs"]))
