@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import importlib
 
+# dhmc's defaults join dask config at import: a `dask.config.set({"dhmc.…": …})` made before them would,
+# on leaving its context, delete the whole `dhmc` key, defaults included (dask, not JAX: cheap in Dask processes)
+from dhmc.distributed import config as _config  # noqa: F401, E402
+
 __version__ = "0.1.0"
 
 _LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "extend": "dhmc.api", "numpyro_model": "dhmc.models.numpyro_",

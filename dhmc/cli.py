@@ -101,10 +101,10 @@ def _cluster_args(p, progress=True):
     p.add_argument("--cluster", default=None, help="local (default), cuda, slurm or a scheduler address")
     p.add_argument("--cluster-option", action="append", type=_cluster_option, default=[], metavar="KEY=VALUE",
                    help="override an option of dhmc.cluster.<kind> in dask config")
-    p.add_argument("--worker-setup", action="append", default=[], metavar="MODULE_OR_SCRIPT",
-                   help="a module to import or a .py script to run on every worker before its first block "
-                        "(dhmc.worker-setup; repeatable)")
-    if progress:
+    if progress:  # runs of a user's model (scaling studies run built-in models only)
+        p.add_argument("--worker-setup", action="append", default=[], metavar="MODULE_OR_SCRIPT",
+                       help="a module to import or a .py script to run on every worker before its first block "
+                            "(added to dhmc.worker-setup; repeatable)")
         p.add_argument("--no-progress", dest="progress", action="store_false")
 
 
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "worker_setup", None):
         import dask.config
 
-        dask.config.set({"dhmc.worker-setup": args.worker_setup})
+        configured = list(dask.config.get("dhmc.worker-setup", default=None) or [])
+        dask.config.set({"dhmc.worker-setup": configured + args.worker_setup})
     try:
         return _COMMANDS[args.command](args)
     except (WorkerCrashError, NoWorkersError, BlockTimeoutError) as e:  # the run cannot go on: the whole message

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import shutil
 import socket
 import subprocess
 
-__all__ = ["is_loopback", "route_to", "slurm_controller", "scheduler_host", "security_for", "security_env"]
+__all__ = ["is_loopback", "route_to", "slurm_nodes", "scheduler_host", "security_for", "security_env"]
 
 
 def is_loopback(host: str | None) -> bool:
@@ -35,43 +34,59 @@ def route_to(host: str) -> str:
         return sock.getsockname()[0]
 
 
-_CONTROLLER = re.compile(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", re.M)
-
-
-def slurm_controller() -> str | None:
-    """The Slurm controller's address (or name) from ``scontrol show config``; None without Slurm."""
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return None
+def slurm_nodes() -> list[str]:
+    """The addresses (``NodeAddr``) of the Slurm cluster's nodes, from ``sinfo``; empty without Slurm."""
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return []
     try:
-        out = subprocess.run([scontrol, "show", "config"], capture_output=True, text=True, timeout=15).stdout
+        out = subprocess.run([sinfo, "-h", "-N", "-o", "%o"], capture_output=True, text=True, timeout=15).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    found = _CONTROLLER.search(out)
-    return (found.group(2) or found.group(1)) if found else None
+        return []
+    return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
 
 
-def scheduler_host() -> str:
-    """Where a Slurm cluster's scheduler listens: this machine's address on the route to the Slurm controller.
+def scheduler_host(nodes: list[str] | None = None) -> str:
+    """Where a Slurm cluster's scheduler listens: this machine's address on the route to the compute nodes.
 
-    Every node of a Slurm cluster reaches its controller, so the submitting host's address on that
-    network is one the nodes reach too (a single-node Slurm on loopback gives ``127.0.0.1``). Without
-    ``scontrol``, the address of the default route.
+    The route to a node gives the submitting host's address on the network the nodes are on; only
+    when every node is on loopback (a single-node Slurm on this machine) is it ``127.0.0.1``. Without
+    ``sinfo``, the address of the default route.
     """
-    controller = slurm_controller()
+    nodes = slurm_nodes() if nodes is None else nodes
+    routes = []
+    for node in nodes:
+        try:
+            routes.append(route_to(node))
+        except OSError:
+            continue
+    outside = [r for r in routes if not ipaddress.ip_address(r).is_loopback]
+    if outside:
+        return outside[0]
+    if routes:
+        return "127.0.0.1"
     try:
-        return route_to(controller or "192.0.2.1")  # TEST-NET-1: any address off this machine takes the default route
+        return route_to("192.0.2.1")  # TEST-NET-1: an address off this machine takes the default route
     except OSError:
         return socket.gethostbyname(socket.gethostname())
 
 
 def security_for(host: str | None, security=None):
     """The user's ``security``, else None on loopback, else per-run certificates (``Security.temporary()``)."""
+    if security is False:
+        raise ValueError("security=False: give a distributed.security.Security, or None for dhmc's default "
+                         "(plain TCP on 127.0.0.1, TLS with per-run certificates beyond)")
     if security is not None or is_loopback(host):
         return security
     from distributed.security import Security
 
-    return Security.temporary()
+    try:
+        return Security.temporary()
+    except ImportError:
+        from dhmc.errors import ClusterError
+
+        raise ClusterError(f"a cluster listening on {host or 'every interface'} needs TLS certificates, made with "
+                           "the cryptography package: pip install cryptography") from None
 
 
 def security_env(security, folder: str) -> dict:

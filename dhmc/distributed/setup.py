@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from contextlib import suppress
 from pathlib import Path
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -68,5 +69,7 @@ def register(client, setup: WorkerSetup | None) -> None:
     try:
         client.register_plugin(setup, name=WorkerSetup.name)
     except Exception as e:  # noqa: BLE001 - the user's set-up failed on a worker: say which and how
+        with suppress(Exception):  # the scheduler keeps a plugin it failed to run: workers joining later would too
+            client.unregister_worker_plugin(WorkerSetup.name)
         steps = ", ".join(name for name, _ in setup.steps)
         raise ClusterError(f"dhmc.worker-setup ({steps}) failed on a worker: {type(e).__name__}: {e}") from None

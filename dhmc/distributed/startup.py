@@ -127,7 +127,7 @@ def _unpicklable(obj, where: str, depth: int = 4) -> tuple[str, object]:
     """The innermost part of ``obj`` that cloudpickle cannot pickle, and where it sits (``target.fn.cache``)."""
     if depth == 0:
         return where, obj
-    parts = []
+    parts = [(f"{where}.__self__", obj.__self__)] if hasattr(obj, "__func__") else []  # a bound method's object
     fn = getattr(obj, "__func__", obj)
     if hasattr(fn, "__code__"):  # a function: its closure cells and the globals it names
         cells = zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)

@@ -140,7 +140,7 @@ def _count(client) -> int:
 
 def placement(client) -> dict:
     """Where the workers run: their distinct ``hosts`` (addresses), the ``machines`` under them (hosts of one
-    machine, such as network namespaces or containers, share its boot id) and the cores of the largest machine."""
+    machine, such as network namespaces or containers, share its boot id) and the largest machine's cores."""
     def machine():
         import os
 
@@ -149,7 +149,7 @@ def placement(client) -> dict:
                 boot = f.read().strip()
         except OSError:
             boot = os.uname().nodename
-        return boot, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return boot, os.cpu_count()
 
     found = {}
     with suppress(Exception):

@@ -3,7 +3,6 @@ TLS off loopback, and a record of where each block ran."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import sys
 import threading
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import zarr
+from tls_probe import refused, stranger_context
 
 import dhmc
 from dhmc.errors import ClusterError
@@ -110,33 +110,16 @@ def test_an_unpicklable_target_is_named_before_any_work():
 # --- TLS off loopback -----------------------------------------------------------------------------
 
 
-def _refused(address: str, security) -> bool:
-    """Whether the process at ``address`` refuses a comm with ``security`` (None: none) that asks its identity."""
-    from distributed.comm import connect
-
-    async def attempt():
-        args = security.get_connection_args("client") if security is not None else {}
-        comm = await connect(address, timeout=3, **args)
-        try:
-            await comm.write({"op": "identity"})
-            await asyncio.wait_for(comm.read(), 3)
-        finally:
-            comm.abort()
-
-    try:
-        asyncio.run(attempt())
-    except Exception:  # noqa: BLE001 - any failure to talk is a refusal
-        return True
-    return False
-
-
 def test_an_embedded_cluster_off_loopback_uses_tls_and_refuses_strangers():
     from distributed.security import Security
 
     from dhmc.distributed.clusters import connect
     from dhmc.distributed.network import route_to
 
-    host = route_to("192.0.2.1")
+    try:
+        host = route_to("192.0.2.1")
+    except OSError:
+        host = "127.0.0.1"
     if host.startswith("127."):
         pytest.skip("this machine has no address off loopback")
     client, close = connect("local", {"host": host, "n-workers": 1})
@@ -144,12 +127,50 @@ def test_an_embedded_cluster_off_loopback_uses_tls_and_refuses_strangers():
         scheduler = client.scheduler.address
         (worker,) = client.scheduler_info()["workers"]
         assert scheduler.startswith(f"tls://{host}:") and worker.startswith(f"tls://{host}:")
-        stranger = Security.temporary()  # a certificate of another CA
-        for address in (scheduler, worker):
-            assert _refused(address, stranger), address
-            assert _refused(address.replace("tls://", "tcp://"), None), address
-            assert not _refused(address, client.security), address
+        for address in (scheduler, worker):  # the servers refuse: no certificate, another CA's, plain TCP
+            assert refused(address, stranger_context()), address
+            assert refused(address, stranger_context(Security.temporary())), address
+            assert refused(address.replace("tls://", "tcp://"), None), address
+            assert not refused(address, stranger_context(client.security)), address  # the run's own: accepted
         trace = dhmc.sample("gaussian_2d", chains=8, draws=20, warmup=20, progress=False, cluster=client)
         assert trace["posterior"].sizes["draw"] == 20
     finally:
         close()
+
+
+class Locked:
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def logdensity(self, x):
+        return -0.5 * jnp.sum(x**2)
+
+
+def test_a_bound_methods_unpicklable_object_is_named():
+    with pytest.raises(TypeError, match=r"^the target\.logdensity_fn\.__self__\.lock cannot be sent"):
+        dhmc.sample(Locked().logdensity, init=jnp.zeros(2), chains=4, draws=10, progress=False)
+
+
+def test_cli_worker_setup_adds_to_the_configured_list(tmp_path):
+    from dhmc.cli import main
+
+    with dask.config.set({"dhmc.worker-setup": ["from.yaml"]}):
+        assert main(["resume", str(tmp_path / "missing.zarr"), "--worker-setup", "a.b"]) == 2  # no such store
+        assert dask.config.get("dhmc.worker-setup") == ["from.yaml", "a.b"]
+
+
+def test_where_blocks_ran_follows_extend_and_a_store_without_it_still_resumes(client1, tmp_path):
+    store = tmp_path / "where.zarr"
+    run = dict(chains=8, chains_per_task=4, warmup=20, seed=1, progress=False, cluster=client1, store=store)
+    dhmc.sample("gaussian_2d", draws=30, **run)
+    dhmc.extend(store, 30, cluster=client1, progress=False)
+    group = zarr.open_group(str(store), mode="r")["dhmc"]
+    assert group["host"].shape == group["done"].shape and all(group["host"][...].ravel())
+
+    # a store written before dhmc kept hosts and workers: a resume writes none and still completes
+    root = zarr.open_group(str(store), mode="r+")
+    for name in ("host", "worker"):
+        del root[f"dhmc/{name}"]
+    root["dhmc/done"][:, -1] = 0
+    trace = dhmc.resume(store, cluster=client1, progress=False)
+    assert trace["posterior"].sizes["draw"] == 60 and "host" not in zarr.open_group(str(store), mode="r")["dhmc"]

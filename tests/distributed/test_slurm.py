@@ -410,3 +410,74 @@ def test_a_users_module_runs_in_slurm_jobs_from_the_command_line(local_slurm, tm
     slope = dhmc.open_trace(tmp_path / "reg.zarr")["posterior"]["slope"].values
     sd = 1.0 / np.sqrt(np.sum(x**2) + 1e-2)
     assert abs(slope.mean() - sd**2 * np.sum(2.0 * x**2)) < 5 * sd / np.sqrt(slope.size / 10)
+
+
+# --- dhmc's Slurm defaults, without Slurm ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("walltime, seconds", [("01:00:00", 3600), ("30", 1800), ("05:30", 330), ("2-12", 216000),
+                                               ("1-02:30", 95400), ("1-00:00:10", 86410), ("UNLIMITED", None),
+                                               ("INFINITE", None), (None, None), ("soon", None)])
+def test_walltimes_in_every_slurm_format(walltime, seconds):
+    from dhmc.distributed.slurm import lifetime_for, walltime_seconds
+
+    assert walltime_seconds(walltime) == seconds
+    lifetime = lifetime_for(walltime)
+    if seconds is None:
+        assert lifetime is None
+    else:  # retire at the latest 20% (at most 3 minutes) before the walltime, staggered, never after it
+        latest = lifetime[0] + lifetime[1]
+        assert abs(latest - (seconds - min(180, 0.2 * seconds))) <= 1 and 0 < lifetime[1] < lifetime[0]
+
+
+def test_slurm_options_off_loopback_use_tls_and_let_workers_announce_their_node(monkeypatch):
+    from dhmc.distributed import network, slurm
+
+    monkeypatch.setattr(network, "scheduler_host", lambda: "10.9.8.7")
+    kwargs = slurm.slurm_options(scheduler_options={"dashboard_address": "127.0.0.1:0"},
+                                 worker_extra_args=["--dashboard-address", "127.0.0.1:0"], walltime="01:00:00")
+    assert kwargs["scheduler_options"] == {"dashboard_address": "127.0.0.1:0", "host": "10.9.8.7"}
+    assert "--host" not in kwargs["worker_extra_args"]  # each worker: its own node's address
+    assert kwargs["worker_extra_args"][2:] == ["--lifetime", "3300s", "--lifetime-stagger", "120s"]
+    assert kwargs["security"] is not None and kwargs["security"].require_encryption
+
+    # a user's {host: null, interface: ib0} (dask config merges dicts): no host of ours, the interface kept
+    kwargs = slurm.slurm_options(scheduler_options={"host": None, "interface": "ib0"}, walltime=None)
+    assert kwargs["scheduler_options"] == {"interface": "ib0"} and kwargs["security"] is not None
+    assert "--lifetime" not in kwargs["worker_extra_args"]
+
+    # a Slurm on loopback: plain TCP, workers on 127.0.0.1
+    monkeypatch.setattr(network, "scheduler_host", lambda: "127.0.0.1")
+    kwargs = slurm.slurm_options()
+    assert kwargs["security"] is None and kwargs["worker_extra_args"][:2] == ["--host", "127.0.0.1"]
+    with pytest.raises(ValueError, match="security=False"):
+        slurm.slurm_options(security=False, scheduler_options={"host": "10.9.8.7"})
+
+
+def test_the_scheduler_listens_on_the_route_to_the_nodes():
+    from dhmc.distributed.network import scheduler_host
+
+    assert scheduler_host(["127.0.0.1", "localhost"]) == "127.0.0.1"  # a single-node Slurm on this machine
+    assert scheduler_host([])  # no Slurm: the default route's address (or this host's), never an error
+
+
+def test_importing_dask_jobqueue_keeps_the_callers_ctrl_c(tmp_path):
+    script = """
+import signal, threading
+from dhmc.distributed.slurm import _slurm_cluster_class
+handler = signal.getsignal(signal.SIGINT)
+errors = []
+def in_thread():
+    try:
+        _slurm_cluster_class()
+    except Exception as e:
+        errors.append(e)
+t = threading.Thread(target=in_thread); t.start(); t.join()
+assert not errors, errors
+assert signal.getsignal(signal.SIGINT) is handler, signal.getsignal(signal.SIGINT)
+_slurm_cluster_class()
+assert signal.getsignal(signal.SIGINT) is handler
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

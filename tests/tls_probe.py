@@ -1,0 +1,59 @@
+"""Probe a Dask server as a stranger would: does it refuse a peer without the run's certificate?
+
+The probing client never checks the server's certificate, so a refusal is the server's own doing
+(a client verifying the server would give up first, and prove nothing about the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import tempfile
+
+
+def pem_files(security, role: str = "worker") -> dict:
+    """``{"ca", "cert", "key"}`` file paths of ``security``'s ``role`` (in-memory PEM texts written to files)."""
+    folder = tempfile.mkdtemp(prefix="dhmc-tls-probe-")
+    files = {}
+    for key, value in security.get_tls_config_for_role(role).items():
+        if value is None or key not in ("ca_file", "cert", "key"):
+            continue
+        if "\n" in value:
+            path = os.path.join(folder, f"{key}.pem")
+            with open(path, "w") as f:
+                f.write(value)
+            value = path
+        files[{"ca_file": "ca", "cert": "cert", "key": "key"}[key]] = value
+    return files
+
+
+def stranger_context(security=None) -> ssl.SSLContext:
+    """A TLS client context that trusts any server and shows ``security``'s worker certificate (None: none)."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if security is not None:
+        files = pem_files(security)
+        context.load_cert_chain(files["cert"], files["key"])
+    return context
+
+
+def refused(address: str, context: ssl.SSLContext | None) -> bool:
+    """Whether the server at ``address`` refuses to answer ``identity`` over a comm made with ``context``."""
+    from distributed.comm import connect
+
+    async def attempt():
+        args = {"ssl_context": context, "require_encryption": True} if context is not None else {}
+        comm = await connect(address, timeout=3, **args)
+        try:
+            await comm.write({"op": "identity"})
+            await asyncio.wait_for(comm.read(), 3)
+        finally:
+            comm.abort()
+
+    try:
+        asyncio.run(attempt())
+    except Exception:  # noqa: BLE001 - any failure to talk is a refusal
+        return True
+    return False
