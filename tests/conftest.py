@@ -33,3 +33,18 @@ def client1():
     yield client
     client.close()
     cluster.close()
+
+
+@pytest.fixture
+def hold():
+    """Create the path it gives to stall ``held_model.held_gaussian``'s workers, remove it to let them go on;
+    removed after the test, with the ``HOLD.<host>`` and ``HOLD.keep.<host>`` files."""
+    import glob
+
+    from held_model import HOLD
+
+    try:
+        yield HOLD
+    finally:
+        for path in glob.glob(f"{HOLD}*"):
+            os.remove(path)

@@ -12,12 +12,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import numpy as np
 import pytest
+from held_model import HOLD, held_gaussian
 
 dask_jobqueue = pytest.importorskip("dask_jobqueue")
 
@@ -181,36 +181,8 @@ def _running_job_names() -> set[str]:
 
 
 # --- jobs lost to scancel, walltime or preemption ---------------------------------------------
-# The runs' workers stall (in a callback that adds zeros to the log density) while HOLD exists, so a job
-# can be cancelled and replaced before the run ends on any machine, fast or loaded, with the draws unchanged.
-
-DRIVER = os.getpid()  # shipped by value: workers compare their pid with the driver's
-HOLD = os.path.join(tempfile.gettempdir(), f"dhmc-test-slurm-hold-{DRIVER}")
-
-
-def _stall_while_held(x):
-    while os.getpid() != DRIVER and os.path.exists(HOLD):
-        time.sleep(0.05)
-    return np.zeros(x.shape[:-1], x.dtype)
-
-
-def held_gaussian(p):
-    import jax
-    import jax.numpy as jnp
-
-    x = jax.lax.stop_gradient(p["x"])
-    zeros = jax.pure_callback(_stall_while_held, jax.ShapeDtypeStruct((), x.dtype), x, vmap_method="broadcast_all")
-    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + jax.lax.stop_gradient(zeros)
-
-
-@pytest.fixture
-def hold():
-    """Create HOLD to stall the workers, remove it to let them go on; removed after the test."""
-    try:
-        yield HOLD
-    finally:
-        if os.path.exists(HOLD):
-            os.remove(HOLD)
+# The runs' workers stall while HOLD exists (tests/held_model.py), so a job can be cancelled and replaced
+# before the run ends on any machine, fast or loaded, with the draws unchanged.
 
 
 def _job_states(name: str) -> dict[str, str]:

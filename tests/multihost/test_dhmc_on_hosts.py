@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -20,48 +19,14 @@ import dask
 import numpy as np
 import pytest
 import zarr
+from held_model import HOLD, held_gaussian
 from tls_probe import pem_files, refused, stranger_context
 
 import dhmc  # before any dask.config.set of dhmc's keys: leaving one made earlier drops dhmc's defaults
 
 from . import netns
 
-DRIVER = os.getpid()  # shipped by value: workers compare their pid with the driver's
-HOLD = os.path.join(tempfile.gettempdir(), f"dhmc-test-multihost-hold-{DRIVER}")
 RUN = dict(chains=48, chains_per_task=16, draws=3200, warmup=100, seed=5)  # 3 chunks x 3 segments
-
-
-def _stall_while_held(x):
-    import socket
-
-    host = socket.gethostname()
-    held = lambda: os.getpid() != DRIVER and (os.path.exists(HOLD) or os.path.exists(f"{HOLD}.keep.{host}"))
-    if held():
-        open(f"{HOLD}.{host}", "w").close()  # this host is held inside a block
-    while held():
-        time.sleep(0.05)
-    return np.zeros(x.shape[:-1], x.dtype)
-
-
-def held_gaussian(p):
-    import jax
-    import jax.numpy as jnp
-
-    x = jax.lax.stop_gradient(p["x"])
-    zeros = jax.pure_callback(_stall_while_held, jax.ShapeDtypeStruct((), x.dtype), x, vmap_method="broadcast_all")
-    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + jax.lax.stop_gradient(zeros)
-
-
-@pytest.fixture
-def hold(multihost):
-    """Create HOLD to stall the workers, remove it to let them go on; removed after the test, with the
-    ``HOLD.<host>`` files that say which hosts were held inside a block."""
-    try:
-        yield HOLD
-    finally:
-        for path in [HOLD, *(f"{HOLD}.{kind}{host}" for host in multihost.nodes for kind in ("", "keep."))]:
-            if os.path.exists(path):
-                os.remove(path)
 
 
 def _held_host(multihost, timeout: float = 60) -> str:
