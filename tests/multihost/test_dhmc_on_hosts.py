@@ -83,6 +83,13 @@ def _where(store) -> tuple[np.ndarray, np.ndarray]:
     return group["host"][...], group["worker"][...]
 
 
+def _assert_ended_as_undisturbed(thread, outcome, reference, store, fault: str) -> None:
+    """The run in ``thread`` ended, without an error, with the reference run's draws."""
+    assert not thread.is_alive(), f"the run hangs after {fault}"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    _assert_same_draws(reference, store)
+
+
 def _assert_same_draws(reference, store) -> None:
     import xarray as xr
 
@@ -170,9 +177,7 @@ def test_a_crashed_host_is_survived_bitwise(reference, multihost, tmp_path, hold
     crashed = time.monotonic()
     os.remove(hold)
     thread.join(300)
-    assert not thread.is_alive(), "the run hangs after a host crashed"
-    assert "error" not in outcome, repr(outcome.get("error"))
-    _assert_same_draws(reference[0], store)
+    _assert_ended_as_undisturbed(thread, outcome, reference[0], store, "a host crashed")
     hosts, _ = _where(store)
     _report(capsys, f"host {victim} killed mid-block: its block re-run elsewhere, run ended "
                     f"{outcome['at'] - crashed:.1f} s after the crash (blocks per host: "
@@ -192,9 +197,7 @@ def test_a_partitioned_host_is_survived_bitwise_and_its_stale_block_harms_nothin
         cut = time.monotonic()
         os.remove(hold)
         thread.join(300)
-    assert not thread.is_alive(), "the run hangs after a host was cut off"
-    assert "error" not in outcome, repr(outcome.get("error"))
-    _assert_same_draws(reference[0], store)
+    _assert_ended_as_undisturbed(thread, outcome, reference[0], store, "a host was cut off")
 
     # Still cut off, the stale worker now finishes its block and writes it over the finished store
     # (the filesystem is shared): the same bytes, each chunk replaced whole, no done flag touched.
@@ -245,9 +248,7 @@ def test_a_job_at_its_walltime_retires_its_worker_and_is_replaced_bitwise(refere
     watching.set()
     watcher.join(5)
     assert new, f"no job replaced the first ones within 150 s: {_jobs(name)}"
-    assert not thread.is_alive(), "the run hangs after its jobs reached their walltime"
-    assert "error" not in outcome, repr(outcome.get("error"))
-    _assert_same_draws(reference[0], store)
+    _assert_ended_as_undisturbed(thread, outcome, reference[0], store, "its jobs reached their walltime")
     ended = {job: states.get(job, set()) for job in first}
     assert not any("TIMEOUT" in seen for seen in ended.values()), ended  # none was killed by Slurm
     retired = [job for job in sorted(first) if "worker-lifetime-reached" in _job_log(tmp_path, name, job)]
