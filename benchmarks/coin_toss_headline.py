@@ -17,8 +17,8 @@ heads, uniform priors; exact posteriors Beta(21, 21) and Beta(31, 11)), two ways
    of the four quantities follow (MCSE ~ 1/sqrt(draws)); a fresh run with that many draws is timed and
    its actual errors checked against the exact values.
 
-    python benchmarks/coin_toss_headline.py            # 1024 chains x 1000 draws x 10 steps, + accuracy
-    python benchmarks/coin_toss_headline.py --quick
+    python -m benchmarks.coin_toss_headline            # 1024 chains x 1000 draws x 10 steps, + accuracy
+    python -m benchmarks.coin_toss_headline --quick
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks.harness import parse_args_or_run_child, run_child, table, write_json
+from benchmarks.machine import cores, machine
 
 EXACT = {  # Beta(a, b): mean a / (a + b), sd sqrt(ab / ((a + b)^2 (a + b + 1)))
     "p[0]": (21, 21),
@@ -106,8 +104,7 @@ def child(cfg: dict) -> dict:
         if cfg.get("warm"):
             from distributed import Client, LocalCluster
 
-            n = len(os.sched_getaffinity(0))
-            with LocalCluster(n_workers=n, threads_per_worker=1, dashboard_address="127.0.0.1:0",
+            with LocalCluster(n_workers=cores(), threads_per_worker=1, dashboard_address="127.0.0.1:0",
                               host="127.0.0.1") as cluster, Client(cluster) as client:
                 call(client)
                 out["warm_seconds"], _, out["dhmc_timing_warm"], _ = call(client)
@@ -154,7 +151,7 @@ def child(cfg: dict) -> dict:
 
 def run(cfg, timeout, env):
     t = time.perf_counter()
-    rec = C.run_child_fresh_cache([str(Path(__file__).resolve()), "--child", json.dumps(cfg)], timeout, env)
+    rec = run_child(__spec__.name, cfg, timeout, env)
     rec = {**cfg, **rec, "loadavg_after": os.getloadavg()[0]}
     if "error" in rec:
         print(f"[{time.perf_counter() - t:6.1f} s] {cfg['kind']} {cfg['chains']}x{cfg['draws']}: ERROR {rec['error']}\n"
@@ -186,7 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--quick", action="store_true",
                     help="64 chains x 100 draws, 100 warmup, accuracy for dhmc and NUTS only, at most 400 draws")
-    args = C.parse_args_or_run_child(ap, argv, child, "coin_toss_headline.json")
+    args = parse_args_or_run_child(ap, argv, child, "coin_toss_headline.json")
     if args is None:
         return 0
     if args.quick:
@@ -195,7 +192,7 @@ def main(argv=None) -> int:
     env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     parts = args.parts.split(",")
     started = time.perf_counter()
-    payload = {"benchmark": "coin_toss_headline", "machine": C.machine(), "exact": exact_moments(),
+    payload = {"benchmark": "coin_toss_headline", "machine": machine(), "exact": exact_moments(),
                "seed_claim": {"seed_ensemble_hmc_s": 44.0, "numpyro_hmc_s": 296.0,
                               "seed_setting": "1024 particles, final time 110.1, step 0.001, GPU; NumPyro's "
                                               "setting not stated: not equal work"},
@@ -267,12 +264,12 @@ def main(argv=None) -> int:
         payload["equal_accuracy"] = acc
 
     payload["wall_s"] = time.perf_counter() - started
-    path = C.write_json(args.out, payload)
+    path = write_json(args.out, payload)
     print()
     if "equal_work" in payload:
         rows = [r for r in payload["equal_work"]["runs"] if "error" not in r]
         print("Equal work (fixed-step HMC):")
-        print(C.table(rows, [("kind", "sampler", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
+        print(table(rows, [("kind", "sampler", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
                              ("num_steps", "steps", "d"), ("seconds", "cold s", ".2f"),
                              ("warm_seconds", "warm s", ".2f"), ("chain_draws_per_s", "cold draws/s", ",.0f"),
                              ("warm_chain_draws_per_s", "warm draws/s", ",.0f"),
@@ -286,7 +283,7 @@ def main(argv=None) -> int:
             rows.append({"kind": e["kind"], "chains": e["chains"], "draws": f.get("draws"),
                          "time": e.get("time_to_1pct_s"), "err": f.get("accuracy", {}).get("max_rel_error"),
                          "ok": e.get("within_1pct"), "note": e.get("note", "")})
-        print(C.table(rows, [("kind", "sampler", ""), ("chains", "chains", "d"), ("draws", "draws/chain", "d"),
+        print(table(rows, [("kind", "sampler", ""), ("chains", "chains", "d"), ("draws", "draws/chain", "d"),
                              ("time", "seconds", ".2f"), ("err", "max rel err", ".4f"), ("ok", "within 1%", ""),
                              ("note", "note", "")]))
     print(f"\nwrote {path}")

@@ -14,7 +14,7 @@ From these: the ensemble's device time in dhmc = blocks x block seconds / worker
 floor's, and the compile gap. Whatever dhmc.sample takes beyond that is cluster start, Dask and the
 driver. Nothing in dhmc is changed.
 
-    python benchmarks/dhmc_overhead.py --target logistic --chains 1024 --draws 400
+    python -m benchmarks.dhmc_overhead --target logistic --chains 1024 --draws 400
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks.harness import RESULTS, timed, write_json
+from benchmarks.machine import cores, machine
+from benchmarks.samplers import floor_sampler
+from benchmarks.targets import TARGETS
 
 
 def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, chains_per_task=None,
@@ -40,15 +40,15 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
 
     from dhmc.distributed import worker
     from dhmc.distributed.runner import initial_params
-    from dhmc.distributed.spec import RunSpec, layout_for
+    from dhmc.distributed.spec import RunSpec, geometry_for, layout_for
     from dhmc.models import LogDensityTarget
 
-    target = C.TARGETS[target_name]()
+    target = TARGETS[target_name]()
     init = target.init(chains)
     resolved = LogDensityTarget(target.logdensity, {target.key: init[0]}, name="bench")
     model = resolved.build()
-    layout = layout_for(model, chains, draws, chains_per_task, gpu=False)
-    cpt, dps = layout.chains_per_task, layout.draws_per_segment
+    geometry = geometry_for(layout_for(model), chains, draws, chains_per_task, gpu=False)
+    cpt, dps = geometry.chains_per_task, geometry.draws_per_segment
     spec = RunSpec(model="bench", chains=chains, draws=draws, warmup=0, seed=1, kernel="hmc", step_size=eps,
                    num_steps=steps, trajectory_length=None, adapt=False, dense_mass=False, target_accept=0.8,
                    chains_per_task=cpt, draws_per_segment=dps, x64=False)
@@ -56,8 +56,10 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     params = initial_params(spec, model.dim, model.dtype)
 
     def job(token):
-        return worker.Job("bench", token, blob, False, spec.kernel_config("sample"), 1, "sample", 0, cpt, 0, dps,
-                          init[:cpt], params, keep_draws=dps, adapt=False)
+        return worker.Job(run_id="bench", model_token=token, model_blob=blob, x64=False,
+                          config=spec.kernel_config("sample"), seed=spec.seed, phase="sample", chain_start=0,
+                          chain_stop=cpt, first_iteration=0, num_iterations=dps, positions=init[:cpt], params=params,
+                          keep_draws=dps, adapt=False)
 
     out = {"target": target.name, "chains": chains, "draws": draws, "num_steps": steps, "step_size": eps,
            "chains_per_task": cpt, "draws_per_segment": dps, "blocks": math.ceil(chains / cpt) * math.ceil(draws / dps)}
@@ -74,24 +76,24 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
 
     # the floor on the same block and on the whole ensemble
     keys = jax.random.split(jax.random.PRNGKey(1), chains)
-    fb = C.floor_sampler(target.flat, eps, steps, dps)
+    fb = floor_sampler(target.flat, eps, steps, dps)
     t = time.perf_counter()
     compiled = fb.lower(keys[:cpt], init[:cpt]).compile()
     out["floor_block_compile_s"] = time.perf_counter() - t
-    out["floor_block_device_s"], _ = C.timed(lambda: compiled(keys[:cpt], init[:cpt]))
-    out["floor_block_device_s"], _ = C.timed(lambda: compiled(keys[:cpt], init[:cpt]))
+    out["floor_block_device_s"], _ = timed(lambda: compiled(keys[:cpt], init[:cpt]))
+    out["floor_block_device_s"], _ = timed(lambda: compiled(keys[:cpt], init[:cpt]))
 
     if full_floor:
-        f = C.floor_sampler(target.flat, eps, steps, draws)
+        f = floor_sampler(target.flat, eps, steps, draws)
         t = time.perf_counter()
         compiled_all = f.lower(keys, init).compile()
         out["floor_compile_s"] = time.perf_counter() - t
-        out["floor_device_s"], _ = C.timed(lambda: compiled_all(keys, init))
+        out["floor_device_s"], _ = timed(lambda: compiled_all(keys, init))
 
     # dhmc block again (the machine's load drifts: take the better of two)
     r = worker.run_job(job("cold"))
     out["dhmc_block_device_s"] = min(out["dhmc_block_device_s"], r["seconds"])
-    out["floor_block_device_s"] = min(out["floor_block_device_s"], C.timed(lambda: compiled(keys[:cpt], init[:cpt]))[0])
+    out["floor_block_device_s"] = min(out["floor_block_device_s"], timed(lambda: compiled(keys[:cpt], init[:cpt]))[0])
 
     # the driver's initial-position check, as dhmc.models.resolve.initial_positions does it on each call
     t = time.perf_counter()
@@ -103,7 +105,7 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     initial_positions(model, "bench", {target.key: init}, 1, chains)
     out["dhmc_driver_initial_positions_s"] = time.perf_counter() - t
 
-    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = cores()
     out["workers"] = workers
     out["dhmc_ensemble_device_s_est"] = out["blocks"] * out["dhmc_block_device_s"] / workers
     out["floor_blocks_device_s_est"] = out["blocks"] * out["floor_block_device_s"] / workers
@@ -114,7 +116,7 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="logistic", choices=list(C.TARGETS))
+    ap.add_argument("--target", default="logistic", choices=list(TARGETS))
     ap.add_argument("--chains", type=int, default=1024)
     ap.add_argument("--draws", type=int, default=400)
     ap.add_argument("--num-steps", type=int, default=10)
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chains-per-task", type=int, default=None)
     ap.add_argument("--no-full-floor", action="store_true", help="skip the floor over the whole ensemble")
     ap.add_argument("--quick", action="store_true", help="64 chains x 50 draws")
-    ap.add_argument("--out", default=str(C.RESULTS / "dhmc_overhead.json"))
+    ap.add_argument("--out", default=str(RESULTS / "dhmc_overhead.json"))
     args = ap.parse_args(argv)
     if args.quick:
         args.chains, args.draws = 64, 50
@@ -131,8 +133,8 @@ def main(argv=None) -> int:
     res = measure(args.target, args.chains, args.draws, args.num_steps, args.step_size, args.chains_per_task,
                   not args.no_full_floor)
     res["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    payload = {"benchmark": "dhmc_overhead", "machine": C.machine(), "result": res}
-    path = C.write_json(args.out, payload)
+    payload = {"benchmark": "dhmc_overhead", "machine": machine(), "result": res}
+    path = write_json(args.out, payload)
     w = max(len(k) for k in res)
     for k, v in res.items():
         print(f"{k:<{w}}  {v:.4g}" if isinstance(v, float) else f"{k:<{w}}  {v}")

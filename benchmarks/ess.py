@@ -38,11 +38,11 @@ sd / sqrt(bulk ESS) (mcse_ref = 0 for exact moments), pass when max|z| < 4.5 and
 max(5%, 3 / sqrt(ESS)). A summary gives, per dhmc kernel and posterior, the ratios to NumPyro NUTS and their
 median over the six reference posteriors.
 
-    python benchmarks/ess.py                        # eight schools (built-in), dhmc/numpyro/blackjax, 1000 + 1000
-    python benchmarks/ess.py --all                  # every problem x every sampler -> results/ess_all.json
-    python benchmarks/ess.py --all --quick          # the same at 100 + 100 draws, 32 ensemble chains
-    python benchmarks/ess.py --problems kidiq,funnel --samplers dhmc,numpyro
-    python benchmarks/ess.py --reference kidiq,arK  # (older spelling of --problems)
+    python -m benchmarks.ess                        # eight schools (built-in), dhmc/numpyro/blackjax, 1000 + 1000
+    python -m benchmarks.ess --all                  # every problem x every sampler -> results/ess_all.json
+    python -m benchmarks.ess --all --quick          # the same at 100 + 100 draws, 32 ensemble chains
+    python -m benchmarks.ess --problems kidiq,funnel --samplers dhmc,numpyro
+    python -m benchmarks.ess --reference kidiq,arK  # (older spelling of --problems)
 """
 
 from __future__ import annotations
@@ -55,14 +55,10 @@ import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-VALIDATION = REPO / "tests" / "validation"
+from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, run_child, write_json
+from benchmarks.machine import machine
+from benchmarks.targets import eight_schools_logdensity
 
 DEFAULT_SAMPLERS = ("dhmc", "numpyro", "blackjax")
 ALL_SAMPLERS = ("dhmc", "dhmc-mams", "blackjax-mams", "blackjax", "numpyro")
@@ -168,7 +164,7 @@ class Problem:
         if name == "eight_schools":
             from dhmc.models.examples import EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y, eight_schools_model
 
-            self.logdensity = C.eight_schools_logdensity(EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y)
+            self.logdensity = eight_schools_logdensity(EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y)
             self.init = {"mu": np.zeros(()), "log_tau": np.zeros(()), "theta_tilde": np.zeros(8)}
             self.init_radius = 2.0  # NumPyro's init_to_uniform: U(-2, 2) in unconstrained space
             self.dhmc_target, self.dhmc_kwargs = "eight_schools", {}
@@ -189,8 +185,7 @@ class Problem:
             # x_i = exp(v/2) z_i: mean 0, sd sqrt(E[exp(v)]) = exp(v_sd^2 / 4); heavy-tailed, reported apart
             self.extra_moments = {f"x[{i}]": (0.0, math.exp(FUNNEL_V_SD**2 / 4), 0.0) for i in range(FUNNEL_DIM - 1)}
         else:
-            sys.path.insert(0, str(VALIDATION))
-            from posteriors import get
+            from tests.validation.posteriors import get
 
             post = get(name)
             self.name, self.post = post.name, post
@@ -251,8 +246,7 @@ def ess_table(q: dict, method: str) -> dict:
 
 def check(q: dict, name: str, moments, required) -> dict:
     """``tests/validation/compare.py``'s verdict, summarised."""
-    sys.path.insert(0, str(VALIDATION))
-    from compare import compare
+    from tests.validation.compare import compare
 
     rep = compare(q, name, moments=moments, required=required)
     zs = {p.name: p.z for p in rep.params}
@@ -627,28 +621,25 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
     ap.add_argument("--quick", action="store_true", help="100 warmup + 100 draws, 32 ensemble chains")
-    args = C.parse_args_or_run_child(ap, argv, child, "ess.json")
+    args = parse_args_or_run_child(ap, argv, child, "ess.json")
     if args is None:
         return 0
     if args.quick:
         args.warmup, args.draws, args.dhmc_chains, args.blackjax_chains = 100, 100, 32, 32
-    if args.all and args.out == str(C.RESULTS / "ess.json"):
-        args.out = str(C.RESULTS / "ess_all.json")
+    if args.all and args.out == str(RESULTS / "ess.json"):
+        args.out = str(RESULTS / "ess_all.json")
     problems = [resolve_problem(p) for p in (args.problems or (ALL_PROBLEMS if args.all else ["eight_schools"]))]
     samplers = args.samplers or list(ALL_SAMPLERS if args.all else DEFAULT_SAMPLERS)
     unknown = [s for s in samplers if s not in ALL_SAMPLERS]
     if unknown:
         ap.error(f"unknown sampler(s) {unknown}; choose from {list(ALL_SAMPLERS)}")
-    # dhmc's workers unpickle the reference posteriors' log densities by module name ("posteriors"): they need
-    # tests/validation on their path, and they inherit the environment, not the child's sys.path
-    pythonpath = os.pathsep.join(p for p in (str(VALIDATION), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), "PYTHONPATH": pythonpath}
+    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     rows, started = [], time.perf_counter()
     settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
     settings.update(problems_run=problems, samplers_run=samplers)
 
     def save():
-        payload = {"benchmark": "ess", "machine": C.machine(), "wall_s": time.perf_counter() - started,
+        payload = {"benchmark": "ess", "machine": machine(), "wall_s": time.perf_counter() - started,
                    "settings": settings, "summary": summarise(rows),
                    "notes": ["min bulk ESS (ArviZ) over the reference quantities; /s over the whole call incl. "
                              "compile, warmup (and dhmc's cluster start); sampling-only includes the sampling "
@@ -656,7 +647,7 @@ def main(argv=None) -> int:
                              "correctness as tests/validation/compare.py: max|z| < 4.5, |sd/sd_ref - 1| < "
                              "max(0.05, 3/sqrt(ESS))"],
                    "runs": rows}
-        return C.write_json(args.out, payload)
+        return write_json(args.out, payload)
 
     for rep in range(args.repeat):
         for problem in problems:
@@ -669,8 +660,7 @@ def main(argv=None) -> int:
                        "blackjax_chees_mass": args.blackjax_chees_mass,
                        "mams_target_accept": args.mams_target_accept, "mams_steps": args.mams_steps}
                 t = time.perf_counter()
-                argv = [str(Path(__file__).resolve()), "--child", json.dumps(cfg)]
-                rec = C.run_child_fresh_cache(argv, args.timeout, env)
+                rec = run_child(__spec__.name, cfg, args.timeout, env)
                 rec = {**cfg, **rec, "label": label(problem), "repeat": rep, "loadavg_after": os.getloadavg()[0]}
                 rows.append(rec)
                 if "error" in rec:
@@ -682,7 +672,7 @@ def main(argv=None) -> int:
                            + ("" if z is None else f", max|z| {z:.2f}, correct {rec.get('correct')}"))
                 print(f"[{time.perf_counter() - t:6.1f} s] {label(problem)} {sampler}: {msg}", flush=True)
                 save()  # after every measurement: a long run that dies keeps what it measured
-    return C.finish(save(), rows, lambda r: f"{r['problem']} {r['sampler']}",
+    return finish(save(), rows, lambda r: f"{r['problem']} {r['sampler']}",
                     [md_table(rows, COLUMNS), summary_markdown(summarise(rows))], started)
 
 

@@ -9,6 +9,7 @@
 #
 # Here first (the GPU machine cannot reach a registry):   bash benchmarks/fetch_wheels.sh   (fills .whl/)
 # Then, from the repository root on the GPU machine (device tool: carry ".whl"):   bash benchmarks/gpu.sh
+# The benchmarks run as modules from the repository root (python3 -m benchmarks.<name>): dhmc imports from there.
 #
 # dhmc runs on dask-cuda's LocalCUDACluster (cluster="cuda") when dask_cuda imports, else on a 1-worker
 # distributed.LocalCluster (one GPU), with the whole ensemble in one block (chains_per_task = chains).
@@ -22,9 +23,7 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "installing the carried wheels failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 {
   nvidia-smi || true
@@ -39,19 +38,19 @@ python3 -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else '
 
 set -o pipefail
 # 1. many short chains, dhmc's defaults at 4096 chains (one block on the GPU), every problem, most telling first
-timeout 230 python3 benchmarks/many_chains.py --gpu --chains "${GPU_MC_CHAINS:-4096}" --samplers dhmc \
+timeout 230 python3 -m benchmarks.many_chains --gpu --chains "${GPU_MC_CHAINS:-4096}" --samplers dhmc \
   --problems "${GPU_MC_PROBLEMS:-gauss100_rot,arK,kidiq,eight_schools_noncentered,sblrc,low_dim_gauss_mix,funnel,eight_schools_centered}" \
   --timeout 100 --out "$OUT/many_chains_gpu.json" 2>&1 | tee "$OUT/many_chains.log"
 rc1=$?
 [ $rc1 -eq 124 ] && echo "gpu.sh: dhmc's many-chains stage stopped at its 230 s limit; the JSON holds what finished"
 # 2. the ensemble peers at the same size (NUTS's gradient counts do not depend on the device: its CPU row serves)
-timeout 150 python3 benchmarks/many_chains.py --gpu --chains "${GPU_MC_CHAINS:-4096}" \
+timeout 150 python3 -m benchmarks.many_chains --gpu --chains "${GPU_MC_CHAINS:-4096}" \
   --samplers "${GPU_MC_SAMPLERS:-chees,laps,meads}" --problems "${GPU_PEER_PROBLEMS:-arK,kidiq,gauss100_rot}" \
   --timeout 70 --out "$OUT/many_chains_peers_gpu.json" 2>&1 | tee "$OUT/many_chains_peers.log"
 rc2=$?
 [ $rc2 -eq 124 ] && echo "gpu.sh: the peers' stage stopped at its 150 s limit; the JSON holds what finished"
 # 3. throughput of fixed-step HMC (logistic regression N=1000 D=10), dhmc vs the hand-written floor
-timeout 80 python3 benchmarks/throughput.py --gpu --targets logistic --chains "${GPU_CHAINS:-4096,65536}" \
+timeout 80 python3 -m benchmarks.throughput --gpu --targets logistic --chains "${GPU_CHAINS:-4096,65536}" \
   --draws "${GPU_DRAWS:-200}" --methods "${GPU_METHODS:-dhmc,floor}" --timeout 60 --out "$OUT/throughput_gpu.json" \
   2>&1 | tee "$OUT/gpu.log"
 rc3=$?

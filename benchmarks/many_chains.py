@@ -49,10 +49,10 @@ log-spaced 1e-2..1 -- condition number 1e4 -- in a random rotation: Q from the Q
 and ``funnel`` (Neal's funnel, **non-centred**: v ~ N(0, 3), z ~ N(0, I_9), as in ``ess.py``). Chains start at
 the posterior's ``init`` + U(-0.5, 0.5) per coordinate (dhmc jitters its ``init`` the same way).
 
-    python benchmarks/many_chains.py                    # 8 problems x 5 samplers, 1024 chains: results/many_chains.json
-    python benchmarks/many_chains.py --quick            # smoke run (~2 min): eight schools, 128 chains, small budgets
-    python benchmarks/many_chains.py --problems kidiq,gauss100_rot --samplers dhmc,numpyro,chees
-    python benchmarks/many_chains.py --gpu --chains 4096 --out $OUT/many_chains_gpu.json
+    python -m benchmarks.many_chains                    # 8 problems x 5 samplers, 1024 chains: results/many_chains.json
+    python -m benchmarks.many_chains --quick            # smoke run (~2 min): eight schools, 128 chains, small budgets
+    python -m benchmarks.many_chains --problems kidiq,gauss100_rot --samplers dhmc,numpyro,chees
+    python -m benchmarks.many_chains --gpu --chains 4096 --out $OUT/many_chains_gpu.json
 """
 
 from __future__ import annotations
@@ -62,37 +62,18 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
-import ess  # noqa: E402  (the problems, compare.py's verdict, the markdown table)
+from benchmarks import ess  # the problems, compare.py's verdict, the markdown table
+from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, run_child, write_json
+from benchmarks.machine import cores, have_dask_cuda, lscpu, machine
 
 SAMPLERS = ("dhmc", "numpyro", "chees", "meads", "laps")
 PROBLEMS = ess.REFERENCE + ("gauss100_rot", "funnel")
 RHAT_MAX = 1.01
 GRID_START, GRID_RATIO = 8, 1.25
-
-
-def lscpu() -> dict:
-    """CPU model, core count and cache sizes from ``lscpu`` (empty where it is missing)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    keys = ("Model name", "CPU(s)", "Core(s) per socket", "Socket(s)", "Thread(s) per core", "L1d cache",
-            "L2 cache", "L3 cache")
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    return {k: fields[k].strip() for k in keys if k in fields}
-
-
-def machine() -> dict:
-    return {**C.machine(), "lscpu": lscpu()}
 
 
 # -- scoring --------------------------------------------------------------------------------------------------
@@ -111,7 +92,7 @@ def reference(problem: ess.Problem) -> dict:
 
     if problem.post is None:  # Gaussian marginals: Var[x^2] = 2 s^4 + 4 m^2 s^2
         return {k: (m, s, m * m + s * s, 2 * s**4 + 4 * m * m * s * s) for k, (m, s, _) in problem.moments.items()}
-    from posteriors import reference_draws
+    from tests.validation.posteriors import reference_draws
 
     post = problem.post
     draws = quantities(problem, post.from_reference(reference_draws(post.name)))
@@ -306,7 +287,7 @@ def _child(cfg: dict, out: dict) -> dict:
     out["_ref"] = reference(problem)
     out["n_quantities"] = len(out["_ref"])
     run = RUNNERS[cfg["sampler"]](problem, cfg, out)
-    workers = cfg.get("score_workers") or max(1, min(8, len(os.sched_getaffinity(0)) // 2))
+    workers = cfg.get("score_workers") or max(1, min(8, cores() // 2))
     score(problem, out, run, cfg["target_ess"], cfg["sampler"] in ("numpyro", "chees", "meads"), workers)
     out["expect_unbiased"] = problem.expect_unbiased
     return out
@@ -324,10 +305,8 @@ def _dhmc(problem, cfg, out) -> dict:
         kwargs["max_draws"] = cfg["dhmc_max_draws"]
     cluster, t = None, time.perf_counter()  # a cluster started here counts, as dhmc's embedded one does
     if cfg.get("gpu"):  # as throughput.py: dask-cuda's cluster, else one worker for the one GPU, one block
-        from throughput import _have_dask_cuda
-
         kwargs["chains_per_task"] = chains
-        if _have_dask_cuda():
+        if have_dask_cuda():
             cluster, out["cluster_kind"] = "cuda", "cuda"
         else:
             from distributed import LocalCluster
@@ -576,7 +555,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", action="store_true", help="JAX on the GPU (dhmc: dask-cuda or a 1-worker cluster)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: eight schools (unless --problems), 128 chains, small budgets -> results/quick/")
-    args = C.parse_args_or_run_child(ap, argv, child, "many_chains.json")
+    args = parse_args_or_run_child(ap, argv, child, "many_chains.json")
     if args is None:
         return 0
     if args.quick:
@@ -584,17 +563,14 @@ def main(argv=None) -> int:
         args.chains, args.numpyro_warmup, args.numpyro_draws = 128, 200, 500
         args.chees_warmup, args.chees_draws, args.meads_warmup, args.meads_draws = 100, 100, 200, 1000
         args.laps_steps1, args.laps_steps2, args.dhmc_max_draws = 200, 300, args.dhmc_max_draws or 500
-        if args.out == str(C.RESULTS / "many_chains.json"):
-            args.out = str(C.RESULTS / "quick" / "many_chains.json")
+        if args.out == str(RESULTS / "many_chains.json"):
+            args.out = str(RESULTS / "quick" / "many_chains.json")
     labels = {ess.label(p): p for p in PROBLEMS}  # eight_schools_centered, arK, ... as in the tables
     problems = [labels.get(p) or ess.resolve_problem(p) for p in (args.problems or PROBLEMS)]
     samplers = args.samplers or list(SAMPLERS)
     if unknown := [s for s in samplers if s not in SAMPLERS]:
         ap.error(f"unknown sampler(s) {unknown}; choose from {list(SAMPLERS)}")
-    # dhmc's workers unpickle the posteriors' log densities by module name ("posteriors"), as in ess.py
-    pythonpath = os.pathsep.join(p for p in (str(ess.VALIDATION), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cuda,cpu" if args.gpu else "cpu"),
-           "PYTHONPATH": pythonpath}
+    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cuda,cpu" if args.gpu else "cpu")}
     if args.gpu:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # dhmc's driver and worker share the GPU
     settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
@@ -603,8 +579,9 @@ def main(argv=None) -> int:
 
     def save():
         add_ratios(rows)
-        return C.write_json(args.out, {
-            "benchmark": "many_chains", "machine": machine(), "wall_s": time.perf_counter() - started,
+        return write_json(args.out, {
+            "benchmark": "many_chains", "machine": {**machine(), "lscpu": lscpu()},
+            "wall_s": time.perf_counter() - started,
             "settings": settings, "summary": summarise(rows),
             "notes": ["seq_grads: gradient evaluations of one chain (the slowest), warmup included, to the first "
                       "prefix meeting min bulk and tail ESS >= target_ess and max R-hat < 1.01 (whole run if never)",
@@ -623,8 +600,7 @@ def main(argv=None) -> int:
                            "numpyro_draws", "chees_warmup", "chees_draws", "meads_warmup", "meads_draws", "meads_thin",
                            "laps_steps1", "laps_steps2", "score_workers")}}
                 t = time.perf_counter()
-                rec = C.run_child_fresh_cache([str(Path(__file__).resolve()), "--child", json.dumps(cfg)],
-                                              args.timeout, env)
+                rec = run_child(__spec__.name, cfg, args.timeout, env)
                 rows.append({**cfg, **rec, "label": ess.label(problem), "loadavg_after": os.getloadavg()[0]})
                 r = rows[-1]
                 msg = ("ERROR " + r["error"][:200] if "error" in r else
@@ -634,7 +610,7 @@ def main(argv=None) -> int:
                        f"correct {r['correct']}, {r['total_s']:.1f} s")
                 print(f"[{time.perf_counter() - t:6.1f} s] {ess.label(problem)} {sampler}: {msg}", flush=True)
                 save()  # after every measurement: a run cut short keeps what it measured
-    return C.finish(save(), rows, lambda r: f"{r['problem']} {r['sampler']} seed {r['seed']}",
+    return finish(save(), rows, lambda r: f"{r['problem']} {r['sampler']} seed {r['seed']}",
                     [ess.md_table(rows, COLUMNS), summary_markdown(summarise(rows))], started)
 
 

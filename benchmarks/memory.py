@@ -6,8 +6,8 @@ finish and the result is opened lazily), one without (every draw is held in the 
 driver's peak resident memory (``ru_maxrss``) and the peak total of its worker processes (psutil,
 sampled every 0.2 s). Goals: driver peak < 0.5 GiB with a store, whatever the size; slowdown < 10%. The slowdown is t(store) / t(no store).
 
-    python benchmarks/memory.py                              # 65536 chains x 1000 draws
-    python benchmarks/memory.py --chains 4096 --draws 200    # smaller
+    python -m benchmarks.memory                              # 65536 chains x 1000 draws
+    python -m benchmarks.memory --chains 4096 --draws 200    # smaller
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks.harness import parse_args_or_run_child, report_errors, run_child, table, write_json
+from benchmarks.machine import machine
 
 GIB = 2**30
 
@@ -99,7 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the store")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="2048 chains x 100 draws")
-    args = C.parse_args_or_run_child(ap, argv, child, "memory.json")
+    args = parse_args_or_run_child(ap, argv, child, "memory.json")
     if args is None:
         return 0
     if args.quick:
@@ -114,8 +113,7 @@ def main(argv=None) -> int:
                    "num_steps": args.num_steps, "chains_per_task": args.chains_per_task,
                    "store": str(folder / "memory.zarr") if mode == "store" else None}
             t = time.perf_counter()
-            argv = [str(Path(__file__).resolve()), "--child", json.dumps(cfg)]
-            rec = C.run_child_fresh_cache(argv, args.timeout, env)
+            rec = run_child(__spec__.name, cfg, args.timeout, env)
             rec = {**cfg, **rec, "loadavg_after": os.getloadavg()[0]}
             rows.append(rec)
             msg = rec.get("error") or (f"{rec['seconds']:.1f} s, driver peak {rec['driver_peak_rss_gib']:.2f} GiB, "
@@ -132,16 +130,16 @@ def main(argv=None) -> int:
     if "store" in by and "memory" in by:
         summary["slowdown_store_over_memory"] = by["store"]["seconds"] / by["memory"]["seconds"]
         summary["goal_slowdown_below_10_percent"] = summary["slowdown_store_over_memory"] < 1.10
-    payload = {"benchmark": "memory", "machine": C.machine(), "summary": summary, "runs": rows,
+    payload = {"benchmark": "memory", "machine": machine(), "summary": summary, "runs": rows,
                "notes": ["driver peak = ru_maxrss of the process calling dhmc.sample (imports included)",
                          "workers peak = max over time of the summed RSS of its descendant processes"]}
-    path = C.write_json(args.out, payload)
-    print(C.table(rows, [("mode", "mode", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
+    path = write_json(args.out, payload)
+    print(table(rows, [("mode", "mode", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
                          ("seconds", "seconds", ".1f"), ("chain_draws_per_s", "draws/s", ",.0f"),
                          ("driver_peak_rss_gib", "driver peak GiB", ".2f"),
                          ("workers_peak_rss_gib", "workers peak GiB", ".2f")]))
     print(json.dumps(summary))
-    code = C.report_errors(rows, lambda r: r["mode"])
+    code = report_errors(rows, lambda r: r["mode"])
     print(f"wrote {path}")
     return code
 

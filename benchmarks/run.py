@@ -1,8 +1,8 @@
 """Run every benchmark, one after the other, writing ``benchmarks/results/*.json``.
 
-    python benchmarks/run.py --quick        # tiny sizes: a smoke run of everything (results/quick/)
-    python benchmarks/run.py                # full sizes (long: tens of minutes on 2 cores)
-    python benchmarks/run.py --only throughput,ess --out-dir /tmp/results
+    python -m benchmarks.run --quick        # tiny sizes: a smoke run of everything (results/quick/)
+    python -m benchmarks.run                # full sizes (long: tens of minutes on 2 cores)
+    python -m benchmarks.run --only throughput,ess --out-dir /tmp/results
 
 Benchmarks run one at a time (never two heavy things at once); each measurement inside them runs in
 its own process. The exit status is non-zero when any benchmark failed; the others still run.
@@ -16,15 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.harness import REPO, RESULTS
 
 BENCHMARKS = {
-    # name: (script, extra arguments at full size, extra arguments with --quick)
-    "throughput": ("throughput.py", [], ["--quick"]),
-    "ess": ("ess.py", [], ["--quick"]),
-    "memory": ("memory.py", [], ["--quick"]),
-    "coin_toss_headline": ("coin_toss_headline.py", [], ["--quick"]),
-    "dhmc_overhead": ("dhmc_overhead.py", [], ["--quick"]),
+    # name (module benchmarks.<name>): (extra arguments at full size, extra arguments with --quick)
+    "throughput": ([], ["--quick"]),
+    "ess": ([], ["--quick"]),
+    "memory": ([], ["--quick"]),
+    "coin_toss_headline": ([], ["--quick"]),
+    "dhmc_overhead": ([], ["--quick"]),
 }
 
 
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
                     help="where the JSON files go (default results/, or results/quick/ with --quick)")
     args = ap.parse_args(argv)
     if args.out_dir is None:
-        args.out_dir = str(HERE / "results" / ("quick" if args.quick else ""))
+        args.out_dir = str(RESULTS / ("quick" if args.quick else ""))
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
@@ -45,12 +45,12 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     status = {}
     for name in names:
-        script, full, quick = BENCHMARKS[name]
-        cmd = [sys.executable, str(HERE / script), *(quick if args.quick else full),
-               "--out", str(out_dir / f"{name}.json")]
+        full, quick = BENCHMARKS[name]
+        cmd = [sys.executable, "-m", f"benchmarks.{name}", *(quick if args.quick else full),
+               "--out", str(out_dir.resolve() / f"{name}.json")]
         print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
         t = time.perf_counter()
-        rc = subprocess.call(cmd)
+        rc = subprocess.call(cmd, cwd=REPO)
         status[name] = (rc, time.perf_counter() - t)
     print("\n=== summary")
     for name, (rc, seconds) in status.items():

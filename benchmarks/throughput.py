@@ -17,23 +17,22 @@ NumPyro re-traces and recompiles on every ``MCMC.run`` (and once per chain when 
 "warm" number still includes compiling. Each (target, sampler, chains) runs in its own process.
 Writes ``results/throughput.json``.
 
-    python benchmarks/throughput.py                         # full: 64 .. 16384 chains, 3 targets
-    python benchmarks/throughput.py --chains 1024 --targets logistic   # the contract's size
-    python benchmarks/throughput.py --quick                 # tiny: 4 chains x 50 draws
+    python -m benchmarks.throughput                         # full: 64 .. 16384 chains, 3 targets
+    python -m benchmarks.throughput --chains 1024 --targets logistic   # the contract's size
+    python -m benchmarks.throughput --quick                 # tiny: 4 chains x 50 draws
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks.harness import finish, parse_args_or_run_child, run_child, table, timed, write_json
+from benchmarks.machine import cores, have_dask_cuda, machine
+from benchmarks.samplers import blackjax_sampler, floor_sampler, numpyro_mcmc
+from benchmarks.targets import TARGETS
 
 METHODS = ("dhmc", "floor", "blackjax", "numpyro", "numpyro_seq")
 FULL_CHAINS = (64, 256, 1024, 4096, 16384)
@@ -45,7 +44,7 @@ FULL_CHAINS = (64, 256, 1024, 4096, 16384)
 def child(cfg: dict) -> dict:
     import numpy as np
 
-    target = C.TARGETS[cfg["target"]]()
+    target = TARGETS[cfg["target"]]()
     chains, draws, steps, eps = cfg["chains"], cfg["draws"], cfg["num_steps"], cfg["step_size"]
     init = target.init(chains)
     method = cfg["method"]
@@ -61,19 +60,19 @@ def child(cfg: dict) -> dict:
 
         t = time.perf_counter()
         if method == "floor":
-            f = C.floor_sampler(target.flat, eps, steps, draws)
+            f = floor_sampler(target.flat, eps, steps, draws)
         else:
             import blackjax  # noqa: F401 - import outside the timed region, as the contract does
 
-            f = C.blackjax_sampler(target.flat, eps, steps, draws, target.dim)
+            f = blackjax_sampler(target.flat, eps, steps, draws, target.dim)
         build = time.perf_counter() - t
         keys = jax.random.split(jax.random.PRNGKey(1), chains)
-        cold, x = C.timed(lambda: f(keys, init))
+        cold, x = timed(lambda: f(keys, init))
         out["cold_s"] = cold + build
         out["mean0"] = float(np.asarray(x)[..., 0].mean())
         if cfg["warm"]:
             keys2 = jax.random.split(jax.random.PRNGKey(2), chains)
-            out["warm_s"], _ = C.timed(lambda: f(keys2, init))
+            out["warm_s"], _ = timed(lambda: f(keys2, init))
     elif method in ("numpyro", "numpyro_seq"):
         import jax
         import numpyro  # noqa: F401
@@ -84,18 +83,18 @@ def child(cfg: dict) -> dict:
         def run(seed):
             nonlocal mcmc
             if mcmc is None:
-                mcmc = C.numpyro_mcmc(target, eps, steps, draws, chains,
+                mcmc = numpyro_mcmc(target, eps, steps, draws, chains,
                                       "vectorized" if method == "numpyro" else "sequential")
             mcmc.run(jax.random.PRNGKey(seed), init_params={site: init})
             return mcmc.get_samples()[site]
 
-        out["cold_s"], x = C.timed(lambda: run(1))
+        out["cold_s"], x = timed(lambda: run(1))
         x = np.asarray(x)
         if site != target.key:  # coin toss: NumPyro reports p, the others u = logit(p)
             x = np.log(x) - np.log1p(-x)
         out["mean0"] = float(x[..., 0].mean())
         if cfg["warm"]:
-            out["warm_s"], _ = C.timed(lambda: run(2))
+            out["warm_s"], _ = timed(lambda: run(2))
     else:
         raise ValueError(method)
     work = chains * draws
@@ -117,37 +116,36 @@ def _child_dhmc(cfg, target, init) -> dict:
     import_s = time.perf_counter() - t
     out = {"dhmc_import_s": import_s}
 
+    from benchmarks.probe import DhmcProbe  # imports dhmc: after timing its import
+
     def call(cluster):
-        with C.DhmcProbe() as probe:
-            t = time.perf_counter()
-            tree = dhmc.sample(target.logdensity, init={target.key: init}, chains=cfg["chains"], draws=cfg["draws"],
-                               warmup=0, kernel="hmc", step_size=cfg["step_size"], num_steps=cfg["num_steps"],
-                               adapt=False, seed=1, progress=False, cluster=cluster,
-                               chains_per_task=cfg.get("chains_per_task"))
-            x = tree["posterior"][target.key].values
-            seconds = time.perf_counter() - t
-        timing = json.loads(tree["posterior"].attrs["dhmc_timing"])
-        return seconds, x, timing, probe.summary()
+        probe = DhmcProbe()
+        t = time.perf_counter()
+        tree = probe.sample(target.logdensity, init={target.key: init}, chains=cfg["chains"], draws=cfg["draws"],
+                            warmup=0, kernel="hmc", step_size=cfg["step_size"], num_steps=cfg["num_steps"],
+                            adapt=False, seed=1, progress=False, cluster=cluster,
+                            chains_per_task=cfg.get("chains_per_task"))
+        x = tree["posterior"][target.key].values
+        return time.perf_counter() - t, x, probe.timing, probe.summary()
 
     from distributed import Client, LocalCluster
 
     def make_cluster():
         """The warm run's cluster: one worker per core on CPUs; one worker per GPU with --gpu."""
         if cfg.get("gpu"):
-            if _have_dask_cuda():
+            if have_dask_cuda():
                 from dask_cuda import LocalCUDACluster
 
                 return LocalCUDACluster(threads_per_worker=1, dashboard_address="127.0.0.1:0", host="127.0.0.1")
             return LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                                 host="127.0.0.1")
-        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+        return LocalCluster(n_workers=cores(), threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                             host="127.0.0.1")
 
     if cfg.get("gpu"):
         # cold on a GPU: dhmc's own "cuda" cluster (dask-cuda), else a 1-worker LocalCluster started inside
         # the timed call (the embedded default would start one JAX worker per CPU core, all on the GPU)
-        if _have_dask_cuda():
+        if have_dask_cuda():
             out["cluster_kind"] = "cuda"
             out["cold_s"], x, out["dhmc_timing_cold"], out["probe_cold"] = call("cuda")
         else:
@@ -175,14 +173,6 @@ def _child_dhmc(cfg, target, init) -> dict:
             client.close()
             cluster.close()
     return out
-
-
-def _have_dask_cuda() -> bool:
-    try:
-        import dask_cuda  # noqa: F401
-    except Exception:  # noqa: BLE001 - missing, or broken against this dask
-        return False
-    return True
 
 
 # -- the driver ----------------------------------------------------------------------------------------------
@@ -236,12 +226,13 @@ def dhmc_breakdown(rows: list[dict]) -> str:
                 continue
             ph = p["driver_phases_s"]
             lines.append(
-                f"{r['target']:>24s} {r['chains']:>6d} {kind}: call {r[f'{kind}_s']:.2f} s = cluster start "
-                f"{ph.get('cluster_start', 0):.2f} + initial-position check {ph.get('initial_positions', 0):.2f} "
-                f"+ sampling {ph.get('runner_sample', 0):.2f} (worker compile max {t['compile']:.2f}, device work "
-                f"{p.get('block_device_seconds_sum', 0):.2f} s summed over {p.get('blocks', 0)} blocks of "
-                f"{p.get('chains_per_block')} chains x {p.get('iterations_per_block')} draws) + DataTree "
-                f"{ph.get('to_datatree', 0):.2f} + cluster close {ph.get('cluster_close', 0):.2f} + other")
+                f"{r['target']:>24s} {r['chains']:>6d} {kind}: call {r[f'{kind}_s']:.2f} s = start (target, "
+                f"initial-position check, cluster start {ph.get('cluster_start') or 0:.2f}) "
+                f"{ph.get('before_run', 0):.2f} + sampling {ph.get('runner_sample', 0):.2f} (worker compile max "
+                f"{t['compile']:.2f}, device work {p.get('block_device_seconds_sum', 0):.2f} s summed over "
+                f"{p.get('blocks', 0)} blocks of {p.get('chains_per_block')} chains x {p.get('iterations_per_block')} "
+                f"draws) + result {ph.get('after_sampling', 0):.2f} + cluster close {ph.get('cluster_close', 0):.2f} "
+                "+ other")
     return "\n".join(lines)
 
 
@@ -267,14 +258,14 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", action="store_true",
                     help="run JAX on the GPU: dhmc on dask-cuda's LocalCUDACluster when importable, else a 1-worker "
                          "LocalCluster; chains_per_task = chains (up to 2^16) unless given")
-    args = C.parse_args_or_run_child(ap, argv, child, "throughput.json")
+    args = parse_args_or_run_child(ap, argv, child, "throughput.json")
     if args is None:
         return 0
     if args.quick:
         args.chains, args.draws, args.sequential_max = [4], 50, 4
-    unknown = [t for t in args.targets if t not in C.TARGETS] + [m for m in args.methods if m not in METHODS]
+    unknown = [t for t in args.targets if t not in TARGETS] + [m for m in args.methods if m not in METHODS]
     if unknown:
-        ap.error(f"unknown target/method {unknown}; targets {list(C.TARGETS)}, methods {list(METHODS)}")
+        ap.error(f"unknown target/method {unknown}; targets {list(TARGETS)}, methods {list(METHODS)}")
     # on a GPU, name it: a JAX that cannot reach it then fails instead of quietly running on the CPU
     env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cuda,cpu" if args.gpu else "cpu")}
     if args.gpu:
@@ -283,7 +274,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
 
     def payload():
-        return {"benchmark": "throughput", "machine": C.machine(), "wall_s": time.perf_counter() - started,
+        return {"benchmark": "throughput", "machine": machine(), "wall_s": time.perf_counter() - started,
                 "settings": {"draws": args.draws, "num_steps": args.num_steps, "step_size": args.step_size,
                              "dhmc_compile_cache": args.dhmc_compile_cache, "repeat": args.repeat,
                              "chains_per_task": args.chains_per_task, "gpu": args.gpu},
@@ -296,8 +287,7 @@ def main(argv=None) -> int:
     for rep in range(args.repeat):
         for cfg in configs(args):
             t = time.perf_counter()
-            rec = C.run_child_fresh_cache([str(Path(__file__).resolve()), "--child", json.dumps(cfg)], args.timeout,
-                                          env, args.dhmc_compile_cache)
+            rec = run_child(__spec__.name, cfg, args.timeout, env, args.dhmc_compile_cache)
             rec = {**cfg, **rec, "repeat": rep, "loadavg_after": os.getloadavg()[0]}
             rows.append(rec)
             status = rec.get("error") or (f"cold {rec.get('cold_s', float('nan')):.2f} s, "
@@ -305,10 +295,10 @@ def main(argv=None) -> int:
             print(f"[{time.perf_counter() - t:6.1f} s] {cfg['target']:>11s} {cfg['chains']:>6d} {cfg['method']:>11s}: "
                   f"{status}", flush=True)
             add_ratios(rows)
-            C.write_json(args.out, payload())  # after each measurement: a time limit keeps what was done
+            write_json(args.out, payload())  # after each measurement: a time limit keeps what was done
     add_ratios(rows)
-    return C.finish(C.write_json(args.out, payload()), rows, lambda r: f"{r['target']} {r['chains']} {r['method']}",
-                    [C.table(rows, COLUMNS), dhmc_breakdown(rows)], tail=800)
+    return finish(write_json(args.out, payload()), rows, lambda r: f"{r['target']} {r['chains']} {r['method']}",
+                    [table(rows, COLUMNS), dhmc_breakdown(rows)], tail=800)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,12 @@ _LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "extend": "dhmc.api", "nump
          "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",
          "diagnostics": "dhmc.diagnostics", "WorkerCrashError": "dhmc.errors",
          "NoWorkersError": "dhmc.errors", "BlockTimeoutError": "dhmc.errors", "StoreLockedError": "dhmc.errors",
-         "ModelMismatchError": "dhmc.errors", "ConvergenceWarning": "dhmc.errors"}
+         "ModelMismatchError": "dhmc.errors", "ConvergenceWarning": "dhmc.errors",
+         "Observer": "dhmc.distributed.observers"}
 
 __all__ = ["sample", "resume", "extend", "numpyro_model", "open_trace", "models", "diagnostics", "WorkerCrashError",
            "NoWorkersError", "BlockTimeoutError", "StoreLockedError", "ModelMismatchError", "ConvergenceWarning",
-           "__version__"]
+           "Observer", "__version__"]
 
 
 def __getattr__(name: str):

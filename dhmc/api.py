@@ -14,7 +14,16 @@ import numpy as np
 
 from dhmc.distributed.continuation import continued_run
 from dhmc.distributed.driver import RunContext, drive
-from dhmc.distributed.spec import RunSpec, adapted_options, check_kernel_fits, check_options, layout_for, run_attrs
+from dhmc.distributed.observers import Observer
+from dhmc.distributed.spec import (
+    RunSpec,
+    adapted_options,
+    check_kernel_fits,
+    check_options,
+    geometry_for,
+    layout_for,
+    run_attrs,
+)
 from dhmc.distributed.startup import Startup, pickle_target
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
@@ -59,6 +68,7 @@ def sample(
     adapted_from: str | Path | None = None,
     save_warmup: bool = False,
     max_warmup: int | None = None,
+    observers: tuple = (),
 ) -> xr.DataTree:
     """Sample an ensemble of HMC chains on a Dask cluster.
 
@@ -115,6 +125,10 @@ def sample(
     adapted_from
         A store whose adapted step size, trajectory length and mass matrix this run takes (its warmup,
         if any, then only moves the chains).
+    observers
+        Objects told of the run's events as they happen, beside the progress bar and the dashboard:
+        any of the methods of :class:`dhmc.Observer` (``start_run``, ``warmup_block``,
+        ``sample_block``, ``convergence_check``, ``close``). One that raises is logged and dropped.
 
     Returns
     -------
@@ -122,6 +136,7 @@ def sample(
         Groups ``posterior``, ``sample_stats`` (and ``observed_data``, ``log_likelihood``), dims
         ``(chain, draw, ...)``.
     """
+    observers = _checked(observers)
     options = check_options(chains=chains, draws=draws, warmup=warmup, kernel=kernel, step_size=step_size,
                             num_steps=num_steps, trajectory_length=trajectory_length, adapt=adapt,
                             target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
@@ -135,10 +150,11 @@ def sample(
     if adapted_from is not None:
         options, params = adapted_options(adapted_from, options, model.dim)
         dense_mass = params["inverse_mass_matrix"].ndim == 2
-    layout = layout_for(model, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
-                        target_ess=options["target_ess"], warmup_draws=options["warmup"] if save_warmup else 0)
-    spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=layout.chains_per_task,
-                   draws_per_segment=layout.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
+    layout = layout_for(model, warmup_draws=options["warmup"] if save_warmup else 0)
+    geometry = geometry_for(layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
+                            target_ess=options["target_ess"])
+    spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=geometry.chains_per_task,
+                   draws_per_segment=geometry.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),
                    predictive=bool(predictive), save_warmup=bool(save_warmup), **options)
     if store is not None:
@@ -153,34 +169,38 @@ def sample(
         raise
     run = RunContext(spec=spec, target=resolved, pickled=pickled, model=model, layout=layout,
                      attrs=run_attrs(spec, model, store),
-                     positions=positions, store=store, overwrite=overwrite, observers=_observers(progress),
+                     positions=positions, store=store, overwrite=overwrite,
+                     observers=_observers(progress, observers),
                      inputs=_inputs(target, model_kwargs, init), params=params)
     return drive(run, startup)
 
 
 def resume(path, cluster=None, *, target=None, init=None, model_args: tuple = (), model_kwargs: dict | None = None,
-           progress: bool = True, cluster_options: dict | None = None, force: bool = False) -> xr.DataTree:
+           progress: bool = True, cluster_options: dict | None = None, force: bool = False,
+           observers: tuple = ()) -> xr.DataTree:
     """Continue an interrupted run from the blocks already in its store.
 
     The result is bitwise identical to an uninterrupted run. A built-in model is found by its name;
     a run whose model was a Python function needs it again: ``resume(path, target=fn, init=...)``.
     A model or data other than the store's, or another dhmc or JAX version, raises
-    :class:`~dhmc.errors.ModelMismatchError` unless ``force=True``.
+    :class:`~dhmc.errors.ModelMismatchError` unless ``force=True``; ``observers`` are :func:`sample`'s.
     """
+    observers = _checked(observers)
     run = continued_run(path, target=target, init=init, model_args=model_args, model_kwargs=model_kwargs,
-                        force=force, observers=_observers(progress))
+                        force=force, observers=_observers(progress, observers))
     return drive(run, Startup(run.spec, run.model, cluster, cluster_options))
 
 
 def extend(path, draws: int, cluster=None, *, target=None, init=None, model_args: tuple = (),
            model_kwargs: dict | None = None, progress: bool = True, cluster_options: dict | None = None,
-           force: bool = False) -> xr.DataTree:
+           force: bool = False, observers: tuple = ()) -> xr.DataTree:
     """Add ``draws`` draws per chain to a finished run in its store, from where its chains ended.
 
     The result is bitwise identical to one run of the total length; the options are :func:`resume`'s.
     """
+    observers = _checked(observers)
     run = continued_run(path, target=target, init=init, model_args=model_args, model_kwargs=model_kwargs,
-                        force=force, more_draws=draws, observers=_observers(progress))
+                        force=force, more_draws=draws, observers=_observers(progress, observers))
     return drive(run, Startup(run.spec, run.model, cluster, cluster_options))
 
 
@@ -191,9 +211,20 @@ def _inputs(target, model_kwargs, init) -> dict | None:
     return {"model_kwargs": numeric(model_kwargs), "init": numeric(init)} if is_reference(target) else None
 
 
-def _observers(progress: bool) -> tuple:
-    """The dashboard's publisher and link always; the progress bar on request."""
+def _checked(observers) -> tuple:
+    """The user's observers, each with at least one of :class:`Observer`'s methods (else one-line ``TypeError``)."""
+    events = [name for name in vars(Observer) if not name.startswith("_")]
+    observes = lambda obj: any(callable(getattr(obj, event, None)) for event in events)
+    observers = (observers,) if observes(observers) else tuple(observers or ())
+    for observer in observers:
+        if not observes(observer):
+            raise TypeError(f"observers: {observer!r} has none of an observer's methods ({', '.join(events)})")
+    return observers
+
+
+def _observers(progress: bool, observers: tuple = ()) -> tuple:
+    """The dashboard's publisher and link always; the progress bar on request; then the user's."""
     from dhmc.observe.progress import DashboardLink, Progress
     from dhmc.observe.publisher import DashboardPublisher
 
-    return (DashboardPublisher(), DashboardLink(), *([Progress()] if progress else []))
+    return (DashboardPublisher(), DashboardLink(), *([Progress()] if progress else []), *observers)

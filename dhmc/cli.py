@@ -7,6 +7,8 @@ import sys
 
 from dhmc.errors import BlockTimeoutError, NoWorkersError, WorkerCrashError
 
+__all__ = ["main"]
+
 ERRORS = (ValueError, TypeError, FileExistsError, PermissionError, FileNotFoundError, RuntimeError, OSError)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dhmc.distributed.stopping import nested_rhat
 from dhmc.distributed.warmup import describe
+from dhmc.stats import nested_rhat
 
 __all__ = ["nested_rhat", "summary", "ebfmi", "divergences", "check"]
 

@@ -30,7 +30,7 @@ def grouped(y=None):
         numpyro.sample("y", dist.Normal(z.sum(0) + corr.sum(), 1.0), obs=y)
 
 
-@pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
+@pytest.mark.parametrize("store", [pytest.param(False, marks=pytest.mark.slow), True], ids=["memory", "store"])
 def test_log_likelihood_group_matches_numpyro_and_feeds_loo(client2, tmp_path, store):
     path = tmp_path / "s.zarr" if store else None
     tree = dhmc.sample(schools, model_args=(SIGMA, Y), chains=32, draws=100, warmup=150, cluster=client2,
@@ -67,6 +67,7 @@ def test_log_likelihood_resumes_bitwise(client2, tmp_path):
     np.testing.assert_array_equal(resumed["log_likelihood"]["obs"].values, whole["log_likelihood"]["obs"].values)
 
 
+@pytest.mark.slow
 def test_plates_name_dims_and_arguments_override(client2):
     y = np.arange(4.0)
     tree = dhmc.sample(grouped, model_kwargs={"y": y}, chains=8, draws=20, warmup=20, cluster=client2,

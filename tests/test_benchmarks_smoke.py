@@ -1,8 +1,8 @@
-"""Smoke tests of benchmarks/: the scripts run at their smallest sizes and write well-formed JSON.
+"""Smoke tests of benchmarks/: the modules run at their smallest sizes and write well-formed JSON.
 
 No timing is asserted (the numbers depend on the machine and its load). The full quick suite
-(``benchmarks/run.py --quick``) starts dhmc clusters and compiles every sampler: several minutes on
-two cores, so it is marked slow; the fast tests run the scripts' pieces that need no cluster.
+(``python -m benchmarks.run --quick``) starts dhmc clusters and compiles every sampler: several minutes on
+two cores, so it is marked slow; the fast tests run the modules' pieces that need no cluster.
 """
 
 from __future__ import annotations
@@ -11,25 +11,30 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPTS = ["throughput.py", "ess.py", "memory.py", "coin_toss_headline.py", "dhmc_overhead.py", "run.py"]
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run"]
 
 
-def _run(args, timeout):
+def _run(module, args, timeout):
+    """``python -m benchmarks.<module> args...`` from the repository root, as the README runs them."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=REPO)
     tail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"exit {proc.returncode}\n{tail}"
     return proc.stdout
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_help(script):
-    assert "usage" in _run([BENCH / script, "--help"], 60).lower()
+@pytest.mark.parametrize("module", MODULES)
+def test_help(module):
+    assert "usage" in _run(module, ["--help"], 60).lower()
 
 
 def test_shell_scripts_parse():
@@ -37,11 +42,50 @@ def test_shell_scripts_parse():
         subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
 
 
+def test_benchmarks_neither_patch_dhmc_nor_edit_sys_path():
+    """They watch dhmc through ``observers=`` and import as a package: no attribute set, no path edited."""
+    for path in BENCH.glob("*.py"):
+        text = path.read_text()
+        assert "sys.path" not in text and "setattr(" not in text, path.name
+
+
+def test_probe_times_a_run_from_its_events():
+    """``DhmcProbe`` told a run's events: its phases, the blocks' sums, each block matched to its task by key."""
+    import dhmc
+    from benchmarks.probe import DhmcProbe
+
+    now = time.time()
+    stream = [{"key": "dhmc-ab-sample-0-0-1f2e3d", "worker": "w1",
+               "startstops": [{"action": "compute", "start": now + 1.0, "stop": now + 2.0}]},
+              {"key": "dhmc-zz-sample-1-0-4c5b6a", "worker": "w2",  # another run's task: not this run's block
+               "startstops": [{"action": "compute", "start": now + 1.0, "stop": now + 1.5}]}]
+    client = SimpleNamespace(get_task_stream=lambda: stream)
+    geometry = SimpleNamespace(draws_per_segment=50, chunk=lambda c: range(4 * c, 4 * c + 4))
+    probe = DhmcProbe()
+    assert isinstance(probe, dhmc.Observer)
+    probe.wall_start, probe.marks["call"] = now, time.perf_counter()
+    probe.start_run(client, "dhmc-ab", geometry)
+    probe.sample_block(0, 0, {"seconds": 0.5, "compile_seconds": 0.25}, 200)
+    probe.sample_block(1, 0, {"seconds": 0.5, "compile_seconds": 0.0}, 200)
+    probe.close()
+    probe.marks["returned"] = time.perf_counter()
+    probe.timing = {"cluster_start": 1.0, "compile": 0.25, "warmup": 0.0, "sampling": 2.0, "writing": 0.5}
+    summary = probe.summary()
+    assert set(summary["driver_phases_s"]) == {"call", "before_run", "cluster_start", "runner_warmup",
+                                               "runner_sample", "after_sampling", "cluster_close"}
+    assert summary["driver_phases_s"]["runner_sample"] == 2.5
+    assert (summary["blocks"], summary["chains_per_block"], summary["iterations_per_block"]) == (2, 4, 50)
+    assert (summary["block_device_seconds_sum"], summary["blocks_compiled"]) == (1.0, 1)
+    assert summary["task_overhead_s_mean"] == pytest.approx(0.25)  # 1 s computing - 0.5 s device - 0.25 s compile
+    assert summary["first_task_start_after_call_s"] == pytest.approx(1.0)
+    assert set(summary["task_stream"]) == {"w1", "w2"}
+
+
 def test_throughput_reference_samplers_tiny(tmp_path):
     """The floor and BlackJAX on the coin toss, 4 chains x 50 draws: JSON with rates for both."""
     out = tmp_path / "throughput.json"
-    _run([BENCH / "throughput.py", "--quick", "--targets", "coin_toss", "--methods", "floor,blackjax", "--no-warm",
-          "--out", out], 300)
+    _run("throughput", ["--quick", "--targets", "coin_toss", "--methods", "floor,blackjax", "--no-warm", "--out", out],
+         300)
     runs = json.loads(out.read_text())["runs"]
     assert {r["method"] for r in runs} == {"floor", "blackjax"}
     for r in runs:
@@ -55,11 +99,11 @@ def test_throughput_reference_samplers_tiny(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_run_quick_writes_every_result(tmp_path):
-    """``benchmarks/run.py --quick``: every benchmark at its smallest size, each JSON written.
+    """``python -m benchmarks.run --quick``: every benchmark at its smallest size, each JSON written.
 
     About 8 minutes on two quiet cores (30 on a loaded one): mostly cluster starts and XLA compiles.
     """
-    _run([BENCH / "run.py", "--quick", "--out-dir", tmp_path], 3000)
+    _run("run", ["--quick", "--out-dir", tmp_path], 3000)
     for name in ("throughput", "ess", "memory", "coin_toss_headline", "dhmc_overhead"):
         payload = json.loads((tmp_path / f"{name}.json").read_text())
         assert payload["benchmark"] == name

@@ -43,6 +43,7 @@ def test_models_lists_the_examples():
         assert name in out.stdout
 
 
+@pytest.mark.slow
 def test_summary_reports_diagnostics(good_store):
     out = run("summary", good_store)
     assert out.returncode == 0, out.stderr
@@ -58,8 +59,8 @@ def test_summary_reports_diagnostics(good_store):
     (["sample", "coin_toss", "--kernel", "bogus"], "bogus"),
     (["sample", "coin_toss", "--chains-per-task", "0"], "chains_per_task"),
     (["sample", "coin_toss", "--target-accept", "1.5"], "target_accept"),
-    (["sample", "coin_toss", "--cluster", "tcp://127.0.0.1:1"], "127.0.0.1:1"),
-    (["sample", "coin_toss", "--cluster", "nonsense"], "cluster"),
+    pytest.param(["sample", "coin_toss", "--cluster", "tcp://127.0.0.1:1"], "127.0.0.1:1", marks=pytest.mark.slow),
+    pytest.param(["sample", "coin_toss", "--cluster", "nonsense"], "cluster", marks=pytest.mark.slow),
 ])
 def test_bad_input_gets_one_clear_line(tmp_path, args, word):
     out = run(*args, "--out", tmp_path / "x.zarr", timeout=120)
@@ -70,6 +71,7 @@ def test_bad_input_gets_one_clear_line(tmp_path, args, word):
     assert not (tmp_path / "x.zarr").exists()
 
 
+@pytest.mark.slow
 def test_existing_store_is_refused_and_untouched(good_store):
     before = digest(good_store)
     out = run("sample", "coin_toss", "--chains", 64, "--draws", 50, "--out", good_store)
@@ -77,6 +79,7 @@ def test_existing_store_is_refused_and_untouched(good_store):
     assert digest(good_store) == before
 
 
+@pytest.mark.slow
 def test_read_only_folder_is_refused_before_sampling(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -96,6 +99,7 @@ def test_resume_of_something_that_is_not_a_store(tmp_path):
     assert out.returncode == 2 and "not a dhmc store" in out.stderr
 
 
+@pytest.mark.slow
 def test_resume_of_a_corrupted_store_says_what_is_broken(good_store, tmp_path):
     import shutil
 
@@ -107,6 +111,7 @@ def test_resume_of_a_corrupted_store_says_what_is_broken(good_store, tmp_path):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_resume_of_a_complete_store_changes_nothing(good_store):
     import xarray as xr
 

@@ -45,6 +45,7 @@ def project(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_log_density_with_data_and_init_and_its_resume(project):
     import dhmc
     from dhmc.storage import zarr_
@@ -68,6 +69,7 @@ def test_a_log_density_with_data_and_init_and_its_resume(project):
     np.testing.assert_array_equal(dhmc.open_trace(project / "cut.zarr")["posterior"]["x"].values, draws)
 
 
+@pytest.mark.slow
 def test_a_numpyro_model_with_json_data_gets_plate_dims_and_log_likelihood(project):
     import dhmc
 

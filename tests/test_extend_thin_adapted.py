@@ -41,8 +41,8 @@ def test_extend_is_bitwise_one_longer_run(client2, tmp_path):
     for group, name in (("posterior", "mu"), ("posterior", "theta"), ("sample_stats", "energy")):
         np.testing.assert_array_equal(extended[group][name].values, longer[group][name].values)
     assert json.loads(extended.attrs["dhmc_run_spec"])["draws"] == 350
-    root, layout = zarr_.open_store(path)
-    assert zarr_.blocks_done(root).all() and layout.draws == 350
+    root, _ = zarr_.open_store(path)
+    assert zarr_.blocks_done(root).all() and root["posterior/mu"].shape[1] == 350
 
 
 def test_extend_refuses_an_unfinished_store_and_bad_draws(client2, tmp_path):
@@ -55,9 +55,11 @@ def test_extend_refuses_an_unfinished_store_and_bad_draws(client2, tmp_path):
     root["dhmc/done"][1, 0] = 0
     with pytest.raises(zarr_.StoreError, match="not finished: dhmc resume"):
         dhmc.extend(path, 10, cluster=client2)
-    assert zarr_.open_store(path)[1].draws == 40  # nothing changed
+    root, _ = zarr_.open_store(path)
+    assert json.loads(root.attrs["dhmc_run_spec"])["draws"] == 40 and root["posterior/x"].shape[1] == 40  # unchanged
 
 
+@pytest.mark.slow
 def test_extend_from_the_command_line(client2, tmp_path):
     path = tmp_path / "coin.zarr"
     first = dhmc.sample("coin_toss", chains=32, draws=60, warmup=60, store=path, cluster=client2, progress=False)
@@ -89,6 +91,7 @@ def test_adapted_from_reuses_step_size_length_and_mass_matrix(client2, tmp_path,
     within_mc_error(x[..., 1], 5.0, 2.0)
 
 
+@pytest.mark.slow
 def test_adapted_from_a_store_of_another_size_is_refused(client2, tmp_path):
     source = tmp_path / "coin.zarr"
     dhmc.sample("coin_toss", chains=16, draws=20, warmup=50, store=source, cluster=client2, progress=False)

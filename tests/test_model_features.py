@@ -72,6 +72,7 @@ def test_cholesky_solve_triangular_slogdet():
         within_mc_error(x[..., i], MEAN[i], SD[i] * np.exp(tau**2))
 
 
+@pytest.mark.slow
 def test_eigh_precision_with_dense_mass():
     """Precision Q diag(1/w) Q^T from the eigendecomposition of a fixed covariance A: x ~ N(m, A)."""
     b = np.random.default_rng(7).normal(size=(4, 4))
@@ -90,6 +91,7 @@ def test_eigh_precision_with_dense_mass():
     within_correlation_error(x, mean, cov)
 
 
+@pytest.mark.slow
 def test_gammaln_and_logsumexp():
     """exp(u) ~ Gamma(3, 2) written on the log scale with gammaln; m ~ 0.3 N(-1, 1) + 0.7 N(1, 1) with logsumexp."""
     a, b = 3.0, 2.0
@@ -179,6 +181,7 @@ def test_custom_jvp():
 # -- NumPyro models --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_numpyro_multivariate_normal_scale_tril_dense_mass():
     import numpyro
     import numpyro.distributions as dist
@@ -196,6 +199,7 @@ def test_numpyro_multivariate_normal_scale_tril_dense_mass():
     within_correlation_error(x, MEAN, COV)
 
 
+@pytest.mark.slow
 def test_numpyro_lkj_cholesky():
     """Off-diagonal correlations of LKJ(eta) in d dimensions: (r + 1) / 2 ~ Beta(eta - 1 + d/2, eta - 1 + d/2)."""
     import numpyro
@@ -221,6 +225,7 @@ def test_numpyro_lkj_cholesky():
         within_mc_error(corr[..., i, j], 0.0, exact_sd)
 
 
+@pytest.mark.slow
 def test_numpyro_gaussian_random_walk():
     """x_t = the sum of t + 1 N(0, s^2) steps: x_t ~ N(0, (t + 1) s^2), increments iid N(0, s^2)."""
     import numpyro
@@ -239,6 +244,7 @@ def test_numpyro_gaussian_random_walk():
     within_mc_error(np.diff(w, axis=-1)[..., -1], 0.0, scale)
 
 
+@pytest.mark.slow
 def test_numpyro_plate_with_observations():
     """Normal mean, known sigma: mu ~ N(0, 10^2), y_i ~ N(mu, 2^2) in a plate; a conjugate normal posterior."""
     import numpyro
@@ -294,6 +300,7 @@ SCRIPTS = {
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.slow
 def test_plain_script_without_main_guard(tmp_path, name):
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(SCRIPTS[name]))

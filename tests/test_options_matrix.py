@@ -35,12 +35,19 @@ CASES += [("mams", False, False, "embedded"), ("mams", True, True, "embedded"),
           ("mams", True, False, "client2"), ("mams", False, True, "client2")]
 
 
+# The embedded cluster starts anew for each case (~10 s): one such case runs in the quick suite, the others
+# (and one of MAMS's two on client2) in the slow one, which CI runs too.
+SLOW_CASES = [c for c in CASES if c[3] == "embedded" and c != ("hmc", False, True, "embedded")]
+SLOW_CASES += [("mams", False, True, "client2")]
+
+
 # pytest.ini turns dhmc's UserWarnings into errors: one raised in the driver's background compile
 # thread would silently switch the embedded cluster from shipped executables to compiling on the
 # workers, hiding what a user gets. Let them through here, and fail on them at the end instead.
 @pytest.mark.filterwarnings("always::UserWarning")
-@pytest.mark.parametrize(("kernel", "dense_mass", "x64", "where"), CASES,
-                         ids=[f"{k}-{'dense' if d else 'diag'}-{'x64' if x else 'x32'}-{w}" for k, d, x, w in CASES])
+@pytest.mark.parametrize(("kernel", "dense_mass", "x64", "where"), [
+    pytest.param(*case, marks=[pytest.mark.slow] if case in SLOW_CASES else []) for case in CASES],
+    ids=[f"{k}-{'dense' if d else 'diag'}-{'x64' if x else 'x32'}-{w}" for k, d, x, w in CASES])
 def test_options_matrix_gaussian_3d(kernel, dense_mass, x64, where, request, tmp_path, recwarn):
     cluster = request.getfixturevalue("client2") if where == "client2" else None
     seed = 100 + CASES.index((kernel, dense_mass, x64, where))

@@ -110,6 +110,7 @@ def test_store_round_trips_into_arviz(client2, tmp_path):
     assert table["r_hat"].max() < 1.05
 
 
+@pytest.mark.slow
 def test_float64_on_the_client_means_float64_on_workers(tmp_path):
     script = tmp_path / "x64.py"
     script.write_text(textwrap.dedent("""
@@ -136,7 +137,7 @@ def test_script_without_main_guard_runs_on_embedded_cluster(tmp_path):
     assert "NOGUARD_OK (32, 50, 2)" in out.stdout, out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kernel", ["hmc", "chees", "mams"])
+@pytest.mark.parametrize("kernel", ["hmc", "chees", pytest.param("mams", marks=pytest.mark.slow)])
 def test_fixed_parameters_without_adaptation(client2, kernel):
     trace = dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=32, draws=50,
                         warmup=10, kernel=kernel, step_size=0.3, num_steps=5, adapt=False, cluster=client2,

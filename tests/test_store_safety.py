@@ -66,7 +66,8 @@ def reference(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("point, after", [("before-done", 3), ("after-done", 5), ("before-sampling", 0)])
+@pytest.mark.parametrize("point, after", [("before-done", 3), pytest.param("after-done", 5, marks=pytest.mark.slow),
+                                          pytest.param("before-sampling", 0, marks=pytest.mark.slow)])
 def test_a_driver_killed_at_a_fixed_point_of_a_write_resumes_bitwise(tmp_path, reference, point, after):
     store = tmp_path / "killed.zarr"
     run = subprocess.run([sys.executable, "-c", DRIVER, str(store), point, str(after)], capture_output=True,
@@ -80,6 +81,7 @@ def test_a_driver_killed_at_a_fixed_point_of_a_write_resumes_bitwise(tmp_path, r
     assert _same(reference, store)
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_store_being_written_is_refused(tmp_path):
     store, outcome = tmp_path / "busy.zarr", {}
     kw = dict(KW, draws=50000)
@@ -99,6 +101,7 @@ def test_a_second_run_on_a_store_being_written_is_refused(tmp_path):
     assert "trace" in outcome and _done(store).all(), "the first run was disturbed"
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_model_or_data_unless_forced(tmp_path):
     def logdensity(p, centre=1.0):
         return -0.5 * jnp.sum((p["x"] - centre) ** 2)
@@ -116,22 +119,24 @@ def test_resume_refuses_another_model_or_data_unless_forced(tmp_path):
 
 
 def test_a_block_of_the_wrong_shape_is_never_marked_done(tmp_path):
-    from dhmc.distributed.spec import layout_for
+    from dhmc.distributed.spec import geometry_for, layout_for
     from dhmc.models import example
     from dhmc.storage import zarr_
     from dhmc.storage.sinks import StoreSink
 
     model = example("gaussian_2d").build()
-    layout = layout_for(model, 16, 40, 8, gpu=False)
-    root = zarr_.create_store(tmp_path / "s.zarr", layout, model.dim, model.dtype, {"inference_library": "dhmc"})
-    sink = StoreSink(root, str(tmp_path / "s.zarr"), layout, "run")
-    block = {"posterior": {"x": np.zeros((8, layout.draws_per_segment, 2), np.float32)},
-             "sample_stats": {k: np.zeros((8, layout.draws_per_segment, *s.shape), s.dtype)
+    layout = layout_for(model)
+    geometry = geometry_for(layout, 16, 40, 8, gpu=False)
+    root = zarr_.create_store(tmp_path / "s.zarr", layout, geometry, model.dim, model.dtype,
+                              {"inference_library": "dhmc"})
+    sink = StoreSink(root, str(tmp_path / "s.zarr"), layout, geometry, "run")
+    block = {"posterior": {"x": np.zeros((8, geometry.draws_per_segment, 2), np.float32)},
+             "sample_stats": {k: np.zeros((8, geometry.draws_per_segment, *s.shape), s.dtype)
                               for k, s in layout.sample_stats.items()},
              "position": np.zeros((8, 2), np.float32)}
     written = sink.destination(0, 0).write(block)
     sink.write(0, 0, {"written": written})
-    wrong = dict(written, **{"posterior/x": (8, layout.draws_per_segment - 1, 2)})
+    wrong = dict(written, **{"posterior/x": (8, geometry.draws_per_segment - 1, 2)})
     with pytest.raises(zarr_.StoreError, match="wrong shape for posterior/x"):
         sink.write(1, 0, {"written": wrong})
     with pytest.raises(zarr_.StoreError, match="wrong shape"):

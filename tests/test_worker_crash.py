@@ -105,6 +105,7 @@ def marker():
         os.remove(MARKER)
 
 
+@pytest.mark.slow
 def test_a_crashing_block_ends_the_run_in_seconds_and_the_store_resumes(tmp_path, marker):
     dhmc.sample(crashing_logdensity, store=tmp_path / "ref.zarr", **KW)
     total = zarr.open_group(str(tmp_path / "ref.zarr"), mode="r")["dhmc/done"].size
@@ -162,6 +163,7 @@ def slow_logdensity(p):
     return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + _with_callback(_slowly, p["x"])
 
 
+@pytest.mark.slow
 def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_path):
     import dask
     import psutil
@@ -197,6 +199,7 @@ def stuck_logdensity(p):
     return -0.5 * jnp.sum((p["x"] - 1.0) ** 2) + _with_callback(_stuck_if_marked, p["x"])
 
 
+@pytest.mark.slow
 def test_a_stuck_block_ends_the_run_after_the_block_timeout_and_the_store_resumes(tmp_path, marker):
     import dask
 

@@ -3,3 +3,5 @@
 Nothing here knows about Dask, files or workers: the unit of work is a pure function of
 (chain indices, state, parameters, draw indices).
 """
+
+__all__: list[str] = []

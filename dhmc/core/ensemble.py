@@ -14,16 +14,19 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dhmc.core import hmc, mams
-from dhmc.core.adaptation import chees_trajectory, dual_averaging, halton, welford
-from dhmc.core.adaptation.chees import whitener
-from dhmc.core.adaptation.welford import WelfordState
+from dhmc.core import hmc, mams, metropolis
+from dhmc.core.adaptation.chees import CheesState, chees_trajectory, halton, whitener
+from dhmc.core.adaptation.dual_averaging import DualAveragingState, dual_averaging
+from dhmc.core.adaptation.welford import WelfordState, welford
+from dhmc.core.step_size import SEARCH_STEPS, find_step_size, harmonic_mean
 from dhmc.types import Array, LogDensityFn
 
-KERNELS = ("chees", "hmc", "mams")
+__all__ = ["KERNELS", "JITTERED", "MAMS_MAX_LENGTH", "KernelConfig", "Params", "WarmupStats", "WarmupCarry",
+           "max_trajectory_length", "chain_keys", "initial_positions", "num_steps_for", "kernel_for", "step_size_for",
+           "transition", "init_states", "sample_chunk", "warmup_chunk"]
+
+KERNELS = {"chees": hmc.build_kernel, "hmc": hmc.build_kernel, "mams": mams.build_kernel}  # kind -> its kernel
 JITTERED = ("chees", "mams")  # trajectory lengths u * T, T adapted by ChEES
-ACCEPTANCE_GROUP = 64  # chains per term of the acceptance statistic (see harmonic_mean)
-SEARCH_STEPS = 7  # one-step trials of a step-size search (bisection of 69 grid points): gradients, counted
 MAMS_MAX_LENGTH = 3.0  # MAMS trajectories at most 3 sqrt(d) whitened units: see max_trajectory_length
 
 
@@ -41,7 +44,7 @@ class KernelConfig:
     max_num_steps: int = 1000
     target_accept: float = 0.8
     dense_mass: bool = False
-    divergence_threshold: float | None = None  # None: 1000 for HMC (Stan's), 20 for MAMS (see build_kernel)
+    divergence_threshold: float | None = None  # None: the kernel's DIVERGENCE_THRESHOLD (HMC 1000, MAMS 20)
     thinning: int = 1  # sampling keeps every ``thinning``-th transition (warmup ignores it)
     step_jitter: float = 0.0  # each transition's step size is eps * (1 + step_jitter * (2u - 1)), u shared
     record_warmup: int = 0  # warmup also returns the positions of its first this many iterations
@@ -64,6 +67,19 @@ class WarmupStats(NamedTuple):
     acceptance_rate: Array
     divergences: Array
     grad_evals: Array
+
+
+class WarmupCarry(NamedTuple):
+    """What a warmup block carries from one iteration to the next."""
+
+    states: metropolis.HMCState
+    dual_averaging: DualAveragingState
+    chees: CheesState
+    mass: WelfordState
+    acceptance_sum: Array
+    divergences: Array
+    grad_evals: Array
+    recorded: Array | None = None  # ``record_warmup``: positions after each iteration, (chains, R, d)
 
 
 def max_trajectory_length(config: KernelConfig, dim: int, step_size: Array) -> Array:
@@ -108,18 +124,10 @@ def num_steps_for(config: KernelConfig, iteration: Array, step_size: Array, traj
     return jnp.clip(length, 1, config.max_num_steps).astype(jnp.int32)
 
 
-def build_kernel(config: KernelConfig):
-    """The per-chain transition of ``config.kind``: HMC's or MAMS's (same signature, state and info).
-
-    A divergence is an energy error above the threshold. MAMS's bounded speed keeps its errors far
-    below HMC's 1000 even where the integrator fails: in the centred eight schools' funnel it reported
-    none at 1000 while missing the neck (log tau's mean 5 MC errors off), and 119 at 20 (acceptance
-    2e-9); on Gaussians, a banana and the reference posteriors, 20 flagged nothing.
-    """
-    threshold = config.divergence_threshold
-    if config.kind == "mams":
-        return mams.build_kernel(20.0 if threshold is None else threshold)
-    return hmc.build_kernel(1000.0 if threshold is None else threshold)
+def kernel_for(config: KernelConfig):
+    """The per-chain transition of ``config.kind`` (HMC's or MAMS's: same signature, state and info)."""
+    build = KERNELS[config.kind]
+    return build() if config.divergence_threshold is None else build(config.divergence_threshold)
 
 
 def step_size_for(config: KernelConfig, iteration: Array, step_size: Array) -> Array:
@@ -135,8 +143,10 @@ def step_size_for(config: KernelConfig, iteration: Array, step_size: Array) -> A
     return step_size * (1.0 + config.step_jitter * (2.0 * u - 1.0)).astype(step_size.dtype)
 
 
-def _transition(logdensity_fn, config, keys, states, params, iteration):
-    kernel = build_kernel(config)
+def transition(logdensity_fn: LogDensityFn, config: KernelConfig, keys: Array, states: metropolis.HMCState,
+               params: Params, iteration: Array):
+    """One transition of every chain at ``iteration``, vmapped: each chain's key is folded with the iteration."""
+    kernel = kernel_for(config)
     eps = step_size_for(config, iteration, params.step_size)
     n = num_steps_for(config, iteration, eps, params.trajectory_length)
     draw_keys = jax.vmap(lambda k: jax.random.fold_in(k, iteration))(keys)
@@ -144,9 +154,9 @@ def _transition(logdensity_fn, config, keys, states, params, iteration):
     return jax.vmap(step)(draw_keys, states)
 
 
-def init_states(logdensity_fn: LogDensityFn, positions: Array) -> hmc.HMCState:
-    """Vmapped ``hmc.init`` over a chunk of flat positions ``(chains, d)``."""
-    return jax.vmap(lambda x: hmc.init(x, logdensity_fn))(positions)
+def init_states(logdensity_fn: LogDensityFn, positions: Array) -> metropolis.HMCState:
+    """Vmapped :func:`dhmc.core.metropolis.init` over a chunk of flat positions ``(chains, d)``."""
+    return jax.vmap(lambda x: metropolis.init(x, logdensity_fn))(positions)
 
 
 def sample_chunk(logdensity_fn: LogDensityFn, config: KernelConfig, num_draws: int):
@@ -163,18 +173,18 @@ def sample_chunk(logdensity_fn: LogDensityFn, config: KernelConfig, num_draws: i
     def run(keys, positions, params: Params, first_iteration):
         states = init_states(logdensity_fn, positions)
 
-        def transition(states, iteration):
+        def thinned(states, iteration):
             if thin == 1:
-                return _transition(logdensity_fn, config, keys, states, params, iteration)
+                return transition(logdensity_fn, config, keys, states, params, iteration)
             states, infos = jax.lax.scan(
-                lambda s, j: _transition(logdensity_fn, config, keys, s, params, iteration + j), states,
+                lambda s, j: transition(logdensity_fn, config, keys, s, params, iteration + j), states,
                 jnp.arange(thin))
             last = jax.tree.map(lambda a: a[-1], infos)
             return states, last._replace(acceptance_rate=infos.acceptance_rate.mean(0),
                                          diverging=infos.diverging.any(0), n_steps=infos.n_steps.sum(0))
 
         def body(states, i):
-            states, info = transition(states, first_iteration + (i if thin == 1 else thin * i))
+            states, info = thinned(states, first_iteration + (i if thin == 1 else thin * i))
             stats = {
                 "lp": states.logdensity,
                 "acceptance_rate": info.acceptance_rate,
@@ -186,67 +196,10 @@ def sample_chunk(logdensity_fn: LogDensityFn, config: KernelConfig, num_draws: i
             return states, (states.position, stats)
 
         states, (draws, stats) = jax.lax.scan(body, states, jnp.arange(num_draws))
-        swap = lambda a: jnp.swapaxes(a, 0, 1) if a.ndim >= 2 else jnp.broadcast_to(a, (a.shape[0],))
-        stats = {k: swap(v) if v.ndim >= 2 else jnp.broadcast_to(v[None], (keys.shape[0], num_draws))
-                 for k, v in stats.items()}
+        stats = {k: jnp.swapaxes(v, 0, 1) for k, v in stats.items()}  # (draws, chains) -> (chains, draws)
         return states.position, {"position": jnp.swapaxes(draws, 0, 1), **stats}
 
     return run
-
-
-def find_step_size(logdensity_fn: LogDensityFn, states: hmc.HMCState, inverse_mass_matrix: Array,
-                   config: KernelConfig = KernelConfig(), around: Array | float = 0.0) -> Array:
-    """A step size on a sqrt(2) grid where the one-step harmonic-mean acceptance crosses the target.
-
-    Bisection over ``2^-30 .. 2^4``, or ``around / 16 .. 64 around`` once a round has adapted one
-    (``around > 0``): 7 one-step evaluations. The harmonic mean is what dual averaging steers, and it
-    falls to ~0 where the leapfrog turns unstable in the stiffest direction, while the arithmetic
-    mean can still read 0.5 there: a start at that edge sent every chain's first trajectory of a
-    round into a divergence. If even the grid's first point misses the target, it is returned.
-    """
-    kernel = build_kernel(config)
-    dtype = states.position.dtype
-    keys = jax.random.split(jax.random.PRNGKey(0), states.position.shape[0])
-    around = jnp.asarray(around, dtype)
-    known = around > 0
-    base = jnp.where(known, around, 1.0)
-    step = lambda k: base * 2.0 ** (k.astype(dtype) / 2)  # k: powers of sqrt(2)
-
-    def passes(k):
-        _, info = jax.vmap(lambda key, s: kernel(key, s, logdensity_fn, step(k), inverse_mass_matrix, 1))(keys, states)
-        return harmonic_mean(info.acceptance_rate, info.diverging) >= config.target_accept
-
-    def bisect(_, bounds):  # every k above ``high`` failed; ``low`` passed, or is the grid's first point
-        low, high = bounds
-        middle = (low + high + 1) // 2
-        ok = passes(middle)
-        return jnp.where(ok, middle, low), jnp.where(ok, high, middle - 1)
-
-    bounds = (jnp.where(known, -8, -60).astype(jnp.int32), jnp.where(known, 12, 8).astype(jnp.int32))
-    low, _ = jax.lax.fori_loop(0, SEARCH_STEPS, bisect, bounds)
-    return step(low)
-
-
-def harmonic_mean(acceptance: Array, diverging: Array) -> Array:
-    """The chains' acceptance statistic: per group of :data:`ACCEPTANCE_GROUP` consecutive chains the
-    harmonic mean, a divergence counting as 0, and the groups' mean (weighted by their sizes).
-
-    The harmonic mean is dominated by a group's worst chains: one chain stuck where every trajectory
-    diverges (NumPyro's uniform start put 20 of kidiq's 128 chains where the gradient is 1e7) zeroes
-    its group's term and shrinks the step size until it moves; counted only by its share, such chains
-    stayed stuck through a whole warmup. Over a whole ensemble, though, the worst chain gets worse as
-    the ensemble grows: one GPU block of 4096 chains of the centred eight schools always had one deep
-    in the funnel's neck, and its step size fell to a tenth of what 64-chain blocks chose, until no
-    chain moved. Groups make a block of any size adapt like blocks of 64 chains.
-    """
-    chains = acceptance.shape[0]
-    groups = -(-chains // ACCEPTANCE_GROUP)
-    member = jnp.arange(chains) // ACCEPTANCE_GROUP
-    inverse = jnp.where(diverging, 1e10, 1.0 / jnp.maximum(acceptance, 1e-10))
-    size = jax.ops.segment_sum(jnp.ones_like(inverse), member, groups)
-    per_group = size / jax.ops.segment_sum(inverse, member, groups)
-    value = jnp.sum(size * per_group) / chains
-    return jnp.where(jnp.isfinite(value), value, 0.0)
 
 
 def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
@@ -266,22 +219,21 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
 
     def run(keys, positions, params: Params, first_iteration, num_iterations, adapt, collect_mass, find_step):
         states = init_states(logdensity_fn, positions)
-        dim = positions.shape[1]
+        chains, dim = positions.shape
         whiten = whitener(params.inverse_mass_matrix)
         previous = params.step_size.astype(positions.dtype)
         searched = find_step | (params.step_size <= 0)
-        eps0 = jax.lax.cond(
-            searched, lambda: find_step_size(logdensity_fn, states, params.inverse_mass_matrix, config, previous),
-            lambda: previous)
+        search = lambda: find_step_size(logdensity_fn, kernel_for(config), states, params.inverse_mass_matrix,
+                                        config.target_accept, previous)
+        eps0 = jax.lax.cond(searched, search, lambda: previous)
         traj0 = jnp.where(params.trajectory_length > 0, params.trajectory_length, eps0).astype(positions.dtype)
-        zero = jnp.zeros((), positions.dtype)
         record = config.record_warmup
         # gradients beyond the trajectories': the block's start (init_states) and the step-size search
-        searched_grads = (positions.shape[0] * (1 + jnp.where(searched, SEARCH_STEPS, 0))).astype(jnp.int32)
-        carry = (states, da.init(eps0), ch.init(traj0), wf.init(positions.shape[1], positions.dtype),
-                 zero, jnp.zeros((), jnp.int32), searched_grads)
-        if record:
-            carry += (jnp.zeros((positions.shape[0], record, dim), positions.dtype),)
+        searched_grads = (chains * (1 + jnp.where(searched, SEARCH_STEPS, 0))).astype(jnp.int32)
+        carry = WarmupCarry(states=states, dual_averaging=da.init(eps0), chees=ch.init(traj0),
+                            mass=wf.init(dim, positions.dtype), acceptance_sum=jnp.zeros((), positions.dtype),
+                            divergences=jnp.zeros((), jnp.int32), grad_evals=searched_grads,
+                            recorded=jnp.zeros((chains, record, dim), positions.dtype) if record else None)
         keep = lambda flag, new, old: jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
 
         # dual averaging probes larger steps; past the grid point above a searched eps0, whose one-step
@@ -290,16 +242,16 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
         largest = jnp.where(searched, eps0 * jnp.sqrt(2.0).astype(positions.dtype), jnp.inf)
         capped = lambda log_eps: jnp.minimum(jnp.exp(log_eps), largest)
 
-        def body(i, carry):
-            states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = carry[:7]
-            eps = capped(da_state.log_step_size)
-            length = jnp.clip(jnp.exp(ch_state.log_length), eps, max_trajectory_length(config, dim, eps))
+        def body(i, carry: WarmupCarry) -> WarmupCarry:
+            eps = capped(carry.dual_averaging.log_step_size)
+            length = jnp.clip(jnp.exp(carry.chees.log_length), eps, max_trajectory_length(config, dim, eps))
             p = Params(eps, params.inverse_mass_matrix, length)
-            iteration = first_iteration + i
-            start = states.position
-            states, info = _transition(logdensity_fn, config, keys, states, p, iteration)
+            start = carry.states.position
+            states, info = transition(logdensity_fn, config, keys, carry.states, p, first_iteration + i)
             time = info.n_steps[0] * eps
-            da_state = keep(adapt, da.update(da_state, harmonic_mean(info.acceptance_rate, info.diverging)), da_state)
+            acceptance = harmonic_mean(info.acceptance_rate, info.diverging)
+            da_state = keep(adapt, da.update(carry.dual_averaging, acceptance), carry.dual_averaging)
+            ch_state = carry.chees
             if config.kind in JITTERED:
                 new_eps = capped(da_state.log_step_size)
                 cap = max_trajectory_length(config, dim, new_eps)
@@ -307,22 +259,23 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
                                 info.acceptance_rate, info.diverging, whiten, cap)
                 ch_state = keep(adapt, new, ch_state)
             in_window = collect_mass & (i >= num_iterations // 2)
-            wf_state = keep(in_window, wf.update(wf_state, states.position), wf_state)
-            acc_sum = acc_sum + jnp.mean(info.acceptance_rate)
-            div_sum = div_sum + jnp.sum(info.diverging, dtype=jnp.int32)
-            grads = grads + info.n_steps[0] * keys.shape[0]
-            out = (states, da_state, ch_state, wf_state, acc_sum, div_sum, grads)
+            recorded = carry.recorded
             if record:  # a round has at most ``record`` iterations: i < record
-                out += (jax.lax.dynamic_update_slice_in_dim(carry[7], states.position[:, None], i, axis=1),)
-            return out
+                recorded = jax.lax.dynamic_update_slice_in_dim(recorded, states.position[:, None], i, axis=1)
+            return WarmupCarry(states=states, dual_averaging=da_state, chees=ch_state,
+                               mass=keep(in_window, wf.update(carry.mass, states.position), carry.mass),
+                               acceptance_sum=carry.acceptance_sum + jnp.mean(info.acceptance_rate),
+                               divergences=carry.divergences + jnp.sum(info.diverging, dtype=jnp.int32),
+                               grad_evals=carry.grad_evals + info.n_steps[0] * chains, recorded=recorded)
 
         final = jax.lax.fori_loop(0, num_iterations, body, carry)
-        states, da_state, ch_state, wf_state, acc_sum, div_sum, grads = final[:7]
-        eps = jnp.where(adapt, jnp.minimum(da.final(da_state), largest), eps0)
-        length = ch.final(ch_state) if config.kind in JITTERED else params.trajectory_length
+        eps = jnp.where(adapt, jnp.minimum(da.final(final.dual_averaging), largest), eps0)
+        length = ch.final(final.chees) if config.kind in JITTERED else params.trajectory_length
         if config.kind == "mams":
             length = jnp.clip(length, eps, max_trajectory_length(config, dim, eps))
-        stats = WarmupStats(eps, length, wf_state, acc_sum / jnp.maximum(num_iterations, 1), div_sum, grads)
-        return (states.position, stats, final[7]) if record else (states.position, stats)
+        stats = WarmupStats(eps, length, final.mass, final.acceptance_sum / jnp.maximum(num_iterations, 1),
+                            final.divergences, final.grad_evals)
+        end = final.states.position
+        return (end, stats, final.recorded) if record else (end, stats)
 
     return run

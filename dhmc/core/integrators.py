@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 from dhmc.types import Array, LogDensityFn
 
+__all__ = ["IntegratorState", "velocity", "kinetic_energy", "sample_momentum", "leapfrog"]
+
 
 class IntegratorState(NamedTuple):
     """Phase-space point: flat position, momentum, and the log density with its gradient there."""

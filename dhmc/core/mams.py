@@ -8,20 +8,25 @@ kinetic-energy change that the velocity updates report. The speed is fixed, so a
 length ``T`` always travels ``T`` in whitened units: the step size and trajectory length mean the same
 thing in every chain and every dimension, which lets a vmapped ensemble run in lock-step.
 
-``build_kernel`` has HMC's signature and returns HMC's state and info, so the ensemble layer and its
-adaptation (dual averaging on acceptance, ChEES on the trajectory length, Welford on the mass) serve
-both kernels unchanged. Needs at least two dimensions (the velocity lives on the sphere ``S^{d-1}``).
+``build_kernel`` has HMC's signature and returns its state and info (:mod:`dhmc.core.metropolis`),
+so the ensemble layer and its adaptation (dual averaging on acceptance, ChEES on the trajectory
+length, Welford on the mass) serve both kernels unchanged. Needs at least two dimensions (the
+velocity lives on the sphere ``S^{d-1}``).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-from dhmc.core.hmc import HMCInfo, HMCState
-from dhmc.types import Array, LogDensityFn, PRNGKey
+from dhmc.core.metropolis import HMCState, Proposal, metropolis_kernel
+from dhmc.types import Array
 
-__all__ = ["build_kernel", "velocity_update"]
+__all__ = ["DIVERGENCE_THRESHOLD", "IsokineticState", "build_kernel", "propose", "velocity_update"]
+
+DIVERGENCE_THRESHOLD = 20.0  # see build_kernel
 
 
 def velocity_update(u: Array, grad: Array, step_size: Array) -> tuple[Array, Array]:
@@ -51,58 +56,52 @@ def _preconditioner(inverse_mass_matrix: Array):
     return (lambda v: chol @ v), (lambda g: chol.T @ g)
 
 
-def build_kernel(divergence_threshold: float = 1000.0):
+class IsokineticState(NamedTuple):
+    """Carried through a trajectory: position, unit velocity, gradient and the kinetic-energy change so far."""
+
+    position: Array
+    velocity: Array
+    logdensity_grad: Array
+    kinetic_change: Array
+
+
+def propose(rng_key, state: HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_steps) -> Proposal:
+    """Draw a unit velocity and follow ``num_steps`` isokinetic steps; the energy is ``-log p``.
+
+    The energy error adds the kinetic-energy change the velocity updates report; the reported
+    energies are ``-log p`` alone (MAMS has no kinetic energy to add), and the velocity is
+    ``dx/dt = S u``, for ChEES.
+    """
+    to_x, whiten = _preconditioner(inverse_mass_matrix)
+    grad_fn = jax.grad(logdensity_fn)
+    u = jax.random.normal(rng_key, state.position.shape, state.position.dtype)
+    u = u / jnp.sqrt(jnp.sum(u**2))
+    half = 0.5 * step_size
+
+    def one_step(_, s: IsokineticState) -> IsokineticState:
+        u, k1 = velocity_update(s.velocity, whiten(s.logdensity_grad), half)
+        x = s.position + step_size * to_x(u)
+        grad = grad_fn(x)
+        u, k2 = velocity_update(u, whiten(grad), half)
+        return IsokineticState(x, u, grad, s.kinetic_change + k1 + k2)
+
+    zero = jnp.zeros((), state.position.dtype)
+    end = jax.lax.fori_loop(0, num_steps, one_step, IsokineticState(state.position, u, state.logdensity_grad, zero))
+    logdensity = logdensity_fn(end.position)
+    return Proposal(HMCState(end.position, logdensity, end.logdensity_grad), to_x(end.velocity),
+                    state.logdensity - logdensity + end.kinetic_change, -state.logdensity, -logdensity)
+
+
+def build_kernel(divergence_threshold: float = DIVERGENCE_THRESHOLD):
     """Return ``kernel(rng_key, state, logdensity_fn, step_size, inverse_mass_matrix, num_steps)``.
 
     The signature and the returned ``(HMCState, HMCInfo)`` are those of :func:`dhmc.core.hmc.build_kernel`;
-    ``info.energy`` is ``-log p`` of the kept point (MAMS has no kinetic energy to add), and
-    ``info.proposal_velocity`` is ``dx/dt = S u`` at the end of the trajectory, for ChEES.
+    ``info.energy`` is ``-log p`` of the kept point, ``info.proposal_velocity`` is ``dx/dt = S u`` at
+    the end of the trajectory.
+
+    A divergence is an energy error above ``divergence_threshold``. MAMS's bounded speed keeps its
+    errors far below HMC's 1000 even where the integrator fails: in the centred eight schools' funnel
+    it reported none at 1000 while missing the neck (log tau's mean 5 MC errors off), and 119 at 20
+    (acceptance 2e-9); on Gaussians, a banana and the reference posteriors, 20 flagged nothing.
     """
-
-    def kernel(
-        rng_key: PRNGKey,
-        state: HMCState,
-        logdensity_fn: LogDensityFn,
-        step_size: Array,
-        inverse_mass_matrix: Array,
-        num_steps: Array,
-    ) -> tuple[HMCState, HMCInfo]:
-        key_velocity, key_accept = jax.random.split(rng_key)
-        to_x, whiten = _preconditioner(inverse_mass_matrix)
-        grad_fn = jax.grad(logdensity_fn)
-        u = jax.random.normal(key_velocity, state.position.shape, state.position.dtype)
-        u = u / jnp.sqrt(jnp.sum(u**2))
-        half = 0.5 * step_size
-
-        def one_step(_, carry):
-            x, u, grad, kinetic = carry
-            u, k1 = velocity_update(u, whiten(grad), half)
-            x = x + step_size * to_x(u)
-            grad = grad_fn(x)
-            u, k2 = velocity_update(u, whiten(grad), half)
-            return x, u, grad, kinetic + k1 + k2
-
-        zero = jnp.zeros((), state.position.dtype)
-        x, u, grad, kinetic = jax.lax.fori_loop(
-            0, num_steps, one_step, (state.position, u, state.logdensity_grad, zero))
-        logdensity = logdensity_fn(x)
-
-        delta = state.logdensity - logdensity + kinetic
-        delta = jnp.where(jnp.isfinite(delta), delta, jnp.inf)  # as in HMC: a divergence, never a free accept
-        diverging = delta > divergence_threshold
-        acceptance_rate = jnp.exp(jnp.minimum(0.0, -delta))
-        accept = (jax.random.uniform(key_accept, dtype=delta.dtype) < acceptance_rate) & ~diverging
-        new_state = jax.tree.map(lambda new, old: jnp.where(accept, new, old),
-                                 HMCState(x, logdensity, grad), state)
-        info = HMCInfo(
-            acceptance_rate=acceptance_rate,
-            diverging=diverging,
-            energy=-new_state.logdensity,
-            n_steps=jnp.asarray(num_steps, jnp.int32),
-            step_size=jnp.asarray(step_size, delta.dtype),
-            proposal=x,
-            proposal_velocity=to_x(u),
-        )
-        return new_state, info
-
-    return kernel
+    return metropolis_kernel(propose, divergence_threshold)

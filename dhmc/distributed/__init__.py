@@ -1,1 +1,3 @@
-"""Cluster backends, the chunk plan and the runner (the one module that owns a Client)."""
+"""Cluster backends, the run spec, the driver and the runner (the one module that owns a Client)."""
+
+__all__: list[str] = []

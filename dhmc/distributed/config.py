@@ -7,6 +7,8 @@ from pathlib import Path
 import dask.config
 import yaml
 
+__all__ = ["cluster_options", "get"]
+
 _DEFAULTS = Path(__file__).with_name("dhmc.yaml")
 
 with _DEFAULTS.open() as f:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 
 import jax
+import numpy as np
 
 from dhmc.distributed.driver import RunContext
 from dhmc.distributed.spec import RunSpec
@@ -12,6 +14,8 @@ from dhmc.distributed.startup import pickle_target
 from dhmc.models.fingerprint import check_same_run
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import resolve_target, with_outputs
+
+__all__ = ["continued_run"]
 
 ATTRS = ("created_at", "inference_library", "inference_library_version", "dhmc_run_spec", "dhmc_fingerprint",
          "dhmc_versions")
@@ -28,9 +32,14 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     from dhmc.storage import zarr_
     from dhmc.storage.lock import check_free
 
+    if more_draws is not None and (isinstance(more_draws, bool) or not isinstance(more_draws, int | np.integer)
+                                   or more_draws < 1):
+        raise ValueError(f"draws must be a positive integer, got {more_draws!r}")
     root, layout = zarr_.open_store(path)
     check_free(path)  # another run writing it: refused before any cluster starts
     spec = _spec(root, path)
+    if more_draws is not None and not zarr_.blocks_done(root).all():
+        raise zarr_.StoreError(f"the run in {path} is not finished: dhmc resume {path} first, then extend it")
     if spec.x64 and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)
     if target is None and is_reference(spec.model):  # its data and init are in the store
@@ -47,12 +56,19 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     if not force:
         check_same_run(path, root.attrs, model)
     if more_draws is not None:
-        zarr_.extend(path, more_draws)
-        root, layout = zarr_.open_store(path)
-        spec = _spec(root, path)
+        spec = _extend(root, layout, spec, int(more_draws))
     attrs = {k: root.attrs[k] for k in ATTRS if k in root.attrs}
     return RunContext(spec=spec, target=resolved, pickled=pickled, model=model, layout=layout, attrs=attrs, store=path,
                       resume=True, observers=observers, params=zarr_.load_initial_params(root, model.dtype))
+
+
+def _extend(root, layout, spec: RunSpec, draws: int) -> RunSpec:
+    """Make room in a finished store for ``draws`` more draws per chain (a fixed-draws run from now on)."""
+    from dhmc.storage import rewrite
+
+    longer = replace(spec.with_draws(spec.draws + draws), target_ess=None, max_draws=None)
+    rewrite.resize(root, layout, spec.geometry, longer.geometry, {"dhmc_run_spec": json.dumps(asdict(longer))})
+    return longer
 
 
 def _spec(root, path) -> RunSpec:

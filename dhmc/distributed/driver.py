@@ -19,14 +19,17 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from dhmc.distributed import warmup
+from dhmc.distributed.monitor import RHAT_MAX, ConvergenceMonitor
+from dhmc.distributed.observers import Observers
 from dhmc.distributed.runner import Runner, initial_params
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.startup import Startup
-from dhmc.distributed.stopping import RHAT_MAX, Stopping
 from dhmc.errors import ConvergenceWarning
 from dhmc.models.base import FlatModel
 from dhmc.models.resolve import initial_positions
 from dhmc.storage import schema
+
+__all__ = ["RunContext", "drive"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +46,7 @@ class RunContext:
     store: str | None = None
     overwrite: bool = False
     resume: bool = False  # continue the blocks already in ``store``
-    observers: tuple = field(default=())  # see Runner: told as blocks finish
+    observers: tuple = field(default=())  # told of the run's events (dhmc.distributed.observers.Observer)
     inputs: dict | None = None  # a referenced model's data and init, kept in the store for a resume
     params: dict | None = None  # adapted parameters to start from (``adapted_from``); None: from the spec
 
@@ -59,32 +62,26 @@ def drive(run: RunContext, startup: Startup):
         lock = _lock(run.store, run_id)
         blob, token = run.pickled
         root, sink = _open_sink(run, run_id)
-        runner = Runner(client, run.spec, blob, token, run.model.dtype, sink, run.observers, startup.executables,
-                        store=run.store, run_id=run_id)
-        runner.tell("start_run", client, run_id, run.spec.plan)
+        runner = Runner(client, run.spec, blob, token, run.model.dtype, sink, Observers(run.observers),
+                        startup.executables, store=run.store, run_id=run_id)
+        runner.observers.tell("start_run", client, run_id, run.spec.geometry)
         with span(f"dhmc-{run_id}") if span else nullcontext():
             positions, params, history = _warmup(run, runner, root)
             run = _after_warmup(run, runner, sink, root, history)
-            stop = _stopping(run, sink, root)
-            kept = runner.sample(_start_positions(run, root, positions), params, stop)
+            monitor = _monitor(run, sink, root)
+            kept = runner.sample(_start_positions(run, root, positions), params, monitor)
         timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - startup.t0}
         attrs = {**run.attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
-        if stop is not None:
-            attrs.update(_finish_auto(run.spec, sink, stop, kept))
-        else:
-            attrs.update(_final_check(run.spec, sink))
+        attrs.update(_finish_auto(run.spec, sink, monitor, kept) if monitor.auto else _final_check(run.spec, monitor))
         if root is None:
             return sink.tree(attrs)
-        from dhmc.storage import zarr_
+        from dhmc.storage import rewrite, zarr_
 
-        for node in ("", *run.layout.groups(), *run.layout.warmup_groups(), "observed_data", "prior",
-                     "prior_predictive"):
-            if not node or node in root:
-                (root[node] if node else root).attrs.update(attrs)
+        rewrite.finish(root, attrs)
         return zarr_.open_trace(run.store)
     finally:
         if runner is not None:
-            runner.tell("close")
+            runner.observers.tell("close")
         if lock is not None:
             lock.release()
         startup.close()
@@ -105,20 +102,20 @@ def _open_sink(run: RunContext, run_id: str):
 
     extra = _extra_groups(run) if not run.resume else {}
     if run.store is None:
-        return None, MemorySink(run.layout, extra)
+        return None, MemorySink(run.layout, run.spec.geometry, extra)
     from dhmc.storage import zarr_
 
     if run.resume:
         root, _ = zarr_.open_store(run.store)
     else:
-        root = zarr_.create_store(run.store, run.layout, run.model.dim, run.model.dtype, run.attrs, extra,
-                                  run.overwrite)
+        root = zarr_.create_store(run.store, run.layout, run.spec.geometry, run.model.dim, run.model.dtype,
+                                  run.attrs, extra, run.overwrite)
         if run.inputs:
             zarr_.save_inputs(root, run.inputs)
         if run.params is not None:
             zarr_.save_initial_params(root, run.params)
     path = str(run.store) if "://" in str(run.store) else os.path.abspath(run.store)  # as workers will see it
-    return root, StoreSink(root, path, run.layout, run_id)
+    return root, StoreSink(root, path, run.layout, run.spec.geometry, run_id)
 
 
 def _extra_groups(run: RunContext) -> dict[str, dict[str, tuple]]:
@@ -174,30 +171,33 @@ def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dic
     return replace(run, spec=spec, attrs=attrs)
 
 
-def _stopping(run: RunContext, sink, root) -> Stopping | None:
-    """The ``draws="auto"`` rule's state (the waves a resumed run had checked); None for fixed draws."""
-    if run.spec.target_ess is None:
-        return None
-    checked = int(root.attrs.get("dhmc_auto_checked", 0)) if run.resume and root is not None else 0
-    return Stopping(run.spec, sink, checked)
+def _monitor(run: RunContext, sink, root) -> ConvergenceMonitor:
+    """The run's convergence monitor (with ``draws="auto"``, the waves a resumed run had checked)."""
+    auto = run.spec.target_ess is not None and run.resume and root is not None
+    return ConvergenceMonitor(run.spec, sink, int(root.attrs.get("dhmc_auto_checked", 0)) if auto else 0)
 
 
-def _finish_auto(spec: RunSpec, sink, stop: Stopping, kept: int) -> dict:
+def _finish_auto(spec: RunSpec, sink, monitor: ConvergenceMonitor, kept: int) -> dict:
     """Keep the first ``kept`` segments (trim the sink), or warn that ``max_draws`` came first; new attrs."""
-    plan, last = spec.plan, stop.last
-    if kept < plan.num_segments:
-        sink.trim(kept)
-        spec = replace(spec, draws=min(kept * plan.draws_per_segment, plan.draws))
+    geometry, last = spec.geometry, monitor.last
+    if kept < geometry.num_segments:
+        spec = spec.with_draws(geometry.draws_in(kept))
+        sink.resize(spec.geometry, {"dhmc_run_spec": json.dumps(asdict(spec))})
     elif last is not None and not last["converged"]:
         rhat = f", nested R-hat {last['max_rhat']:.3f}" if last["max_rhat"] >= RHAT_MAX else ""
-        warnings.warn(f"draws='auto' reached max_draws={plan.draws} before converging: min ESS "
+        warnings.warn(f"draws='auto' reached max_draws={geometry.draws} before converging: min ESS "
                       f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}", ConvergenceWarning,
                       stacklevel=4)
-    extra = {"dhmc_auto": json.dumps(last)} if last is not None else {}
+    extra = {"dhmc_auto": json.dumps(_without_params(last))} if last is not None else {}
     return {"dhmc_run_spec": json.dumps(asdict(spec)), **extra}
 
 
-def _final_check(spec: RunSpec, sink) -> dict:
+def _without_params(check: dict) -> dict:
+    """A check as the store keeps it: the extremes, not every parameter's numbers."""
+    return {k: v for k, v in check.items() if k != "params"}
+
+
+def _final_check(spec: RunSpec, monitor: ConvergenceMonitor) -> dict:
     """A fixed-draws run's nested R-hat over its head chains (superchains: its chunks); 1.01 or more warns.
 
     Nested R-hat, not split R-hat: a chain's split R-hat is about ``sqrt(1 + tau / draws)`` for
@@ -207,7 +207,7 @@ def _final_check(spec: RunSpec, sink) -> dict:
     """
     if spec.draws < 4:
         return {}
-    check = Stopping(spec, sink).final()
+    check = monitor.final()
     if check["max_nested_rhat"] >= RHAT_MAX:
         warnings.warn(f"nested R-hat {check['max_nested_rhat']:.3f} over the first {check['chains']} chains (split "
                       f"R-hat {check['max_rhat']:.3f}, worst for {check['worst']!r}) is at least {RHAT_MAX}: the "
@@ -220,11 +220,11 @@ def _start_positions(run: RunContext, root, positions) -> dict:
     """``{chunk: (segment, positions)}``: where each chunk's sampling continues."""
     from dhmc.storage import zarr_
 
-    plan = run.spec.plan
+    geometry = run.spec.geometry
     done = zarr_.blocks_done(root) if run.resume else None
     starts = {}
-    for c in range(plan.num_chunks):
-        chains = slice(plan.chunk(c).start, plan.chunk(c).stop)
-        seg = 0 if done is None else (plan.num_segments if done[c].all() else int(np.argmin(done[c])))
+    for c in range(geometry.num_chunks):
+        chains = slice(geometry.chunk(c).start, geometry.chunk(c).stop)
+        seg = 0 if done is None else (geometry.num_segments if done[c].all() else int(np.argmin(done[c])))
         starts[c] = (seg, positions[chains] if seg == 0 else zarr_.segment_start_positions(root, seg, chains))
     return starts

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+__all__ = ["on_block", "block_finished"]
+
 _listeners: list[Callable[..., None]] = []
 
 

@@ -11,15 +11,15 @@ embedded cluster, which records them) and for a run in which no block finished f
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from dataclasses import dataclass
 
 import numpy as np
-from dask.utils import parse_timedelta
 
 from dhmc.distributed import config, warmup
+from dhmc.distributed.health import Health
+from dhmc.distributed.observers import Observers
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.worker import Job, run_job
 
@@ -52,9 +52,7 @@ class Runner:
     sink
         Where sampling blocks go (``dhmc.storage.sinks``): ``destination``, ``write``, ``close``.
     observers
-        Objects with ``warmup_block(round, rounds, chunks_done, chunks)`` and
-        ``sample_block(chunk, segment, result, chain_draws)`` (both optional), told as blocks finish, and
-        ``convergence_check(check)`` after each wave a ``draws="auto"`` run checked.
+        The run's :class:`~dhmc.distributed.observers.Observers`, told as blocks finish.
     executables
         ``{phase: Future of a file's path}`` from :func:`~dhmc.distributed.startup.precompile`, named
         by every full-sized block.
@@ -62,22 +60,19 @@ class Runner:
         The store's path, named in errors (``dhmc resume STORE``).
     """
 
-    def __init__(self, client, spec: RunSpec, model_blob: bytes, model_token: str, dtype, sink, observers=(),
-                 executables=None, store=None, run_id: str | None = None):
+    def __init__(self, client, spec: RunSpec, model_blob: bytes, model_token: str, dtype, sink,
+                 observers: Observers | None = None, executables=None, store=None, run_id: str | None = None):
         self.client, self.spec, self.dtype = client, spec, np.dtype(dtype)
         self.blob, self.token, self.sink, self.store = model_blob, model_token, sink, store
-        self.observers, self.executables = list(observers), executables or {}
+        self.observers, self.executables = observers or Observers(), executables or {}
         self.run_id = run_id or f"dhmc-{uuid.uuid4().hex[:8]}"
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
         self.max_retries = int(config.get("allowed-failures"))
-        self.block_timeout = parse_timedelta(config.get("block-timeout"))
-        self.crashes = int(config.get("worker-crashes"))
-        self._deaths = getattr(getattr(client, "cluster", None), "worker_deaths", None)
-        self._deaths_before = len(self._deaths()) if self._deaths else 0
+        self.health = Health(client, spec.model, self.run_id, store)
 
     # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
-        chains = self.spec.plan.chunk(chunk)
+        chains = self.spec.geometry.chunk(chunk)
         return Job(self.run_id, self.token, self.blob, self.spec.x64, self.spec.kernel_config(phase), self.spec.seed,
                    phase, chains.start, chains.stop, first, n, positions, params,
                    executable=self._executable(phase, len(chains)), **kw)
@@ -107,7 +102,7 @@ class Runner:
             except TimeoutError:
                 done = ()
             if not done:
-                self._check_health(blocks, time.monotonic() - last)
+                self.health.check([b.job.describe() for b in blocks.values()], time.monotonic() - last)
                 continue
             last = time.monotonic()
             for block in [b for b in list(blocks.values()) if b.future in done]:
@@ -130,93 +125,29 @@ class Runner:
         if name == "KilledWorker":
             last = getattr(error.last_worker, "name", None) or getattr(error.last_worker, "address", "?")
             count = error.allowed_failures + 1
-            raise self._crash_error(f"a {block.job.describe()} of model {self.spec.model!r} killed {count} "
+            raise self.health.crash_error(f"a {block.job.describe()} of model {self.spec.model!r} killed {count} "
                                     f"worker(s)", str(last)) from None
         if name == "NoWorkerError":
-            raise self._no_workers_error(getattr(error, "timeout", None)) from None
+            raise self.health.no_workers_error(getattr(error, "timeout", None)) from None
         if name in RETRYABLE and block.retries < self.max_retries:
             return None
         future.result()  # raises the user's own exception, with its traceback
-
-    def _check_health(self, blocks: dict, idle: float) -> None:
-        """End a run whose workers keep dying, or in which no block finished for ``dhmc.block-timeout``."""
-        deaths = self._deaths()[self._deaths_before:] if self._deaths else []
-        if len(deaths) >= self.crashes:
-            ran = _block_in(deaths[-1].stderr_tail, self.run_id) or "block"
-            raise self._crash_error(f"workers running model {self.spec.model!r} were killed {len(deaths)} times "
-                                    f"(dhmc.worker-crashes: {self.crashes}), the last in a {ran}",
-                                    deaths[-1].worker)
-        if self.block_timeout and idle > self.block_timeout:
-            from dhmc.errors import BlockTimeoutError
-
-            running = ", ".join(sorted(b.job.describe() for b in blocks.values())[:3])
-            raise BlockTimeoutError(f"no block of model {self.spec.model!r} finished for {idle:.0f} s "
-                                    f"(dhmc.block-timeout; running: {running}){self._hint()}")
-
-    def _hint(self) -> str:
-        return f"; every block finished before is in {self.store}: dhmc resume {self.store}" if self.store else ""
-
-    def _crash_error(self, headline: str, worker: str, wait: float = 5.0):
-        """A :class:`WorkerCrashError`: ``headline`` (block, model, count) and how the last worker ended.
-
-        On the embedded cluster the message has the dead worker's exit signal or code and the last
-        lines it wrote to stderr (the driver may hear of its death a moment after the scheduler).
-        """
-        from dhmc.errors import WorkerCrashError
-
-        death, deadline = None, time.monotonic() + wait
-        while self._deaths is not None and death is None and time.monotonic() < deadline:
-            death = next((d for d in reversed(self._deaths()) if d.worker == worker), None)
-            time.sleep(0 if death else 0.05)
-        how = death.describe() if death else "ended (exit status unknown: see that worker's log)"
-        lines = [f"{headline}; the last, {worker}, {how}"]
-        if death and death.stderr_tail:
-            lines.append("its last lines on stderr:")
-            lines += [f"    {line}" for line in death.stderr_tail]
-        if self.store is not None:
-            lines.append(f"every block finished before it is in {self.store}; once the cause is fixed: "
-                         f"dhmc resume {self.store}")
-        return WorkerCrashError("\n".join(lines))
-
-    def _no_workers_error(self, timeout):
-        from dhmc.errors import NoWorkersError
-
-        waited = f" for {timeout:g} s" if timeout else ""
-        lines = [f"the cluster had no worker{waited} while blocks of model {self.spec.model!r} "
-                 f"waited to run (jobs lost beyond dhmc.cluster.slurm.job-replacements, or workers out of "
-                 f"restarts){self._hint()}"]
-        deaths = self._deaths() if self._deaths else []
-        if deaths:
-            lines.append(f"{len(deaths)} worker process(es) ended; the last, {deaths[-1].worker}, "
-                         f"{deaths[-1].describe()}")
-            lines += [f"    {line}" for line in deaths[-1].stderr_tail]
-        return NoWorkersError("\n".join(lines))
-
-    def tell(self, event: str, *args) -> None:
-        """Call ``event(*args)`` on every observer that has it."""
-        for observer in self.observers:
-            method = getattr(observer, event, None)
-            if method is not None:
-                try:
-                    method(*args)
-                except Exception:  # noqa: BLE001 - observability never stops a run
-                    pass
 
     # -- warmup -------------------------------------------------------------------------------
     def warmup(self, positions: np.ndarray, params: dict) -> tuple[np.ndarray, dict, list[dict]]:
         """Warmup in rounds (:mod:`dhmc.distributed.warmup`); after each round the chunks' statistics are
         merged in chain order. Returns the end positions, the adapted parameters and one record per round."""
-        spec, plan = self.spec, self.spec.plan
+        spec, geometry = self.spec, self.spec.geometry
         start = time.perf_counter()
         history: list[dict] = []
         rounds = spec.warmup_rounds
-        weights = np.array([len(plan.chunk(c)) for c in range(plan.num_chunks)], float)
+        weights = np.array([len(geometry.chunk(c)) for c in range(geometry.num_chunks)], float)
         first, previous, fixed_length, settled = 0, None, params["trajectory_length"], False
         for r, n in enumerate(rounds):
             collect = spec.auto_warmup or (spec.adapt and r < len(rounds) - 1)
             blocks = {}
-            for c in range(plan.num_chunks):
-                chains = plan.chunk(c)
+            for c in range(geometry.num_chunks):
+                chains = geometry.chunk(c)
                 job = self._job("warmup", c, first, n, positions[chains.start:chains.stop], params,
                                 adapt=spec.adapt, collect_mass=collect, find_step=spec.adapt)
                 blocks[c] = self._submit(job, f"{self.run_id}-warmup-{r}-{c}", c)
@@ -224,10 +155,10 @@ class Runner:
             try:
                 for c, result in self._finished(blocks):
                     results[c] = result
-                    self.tell("warmup_block", r, len(rounds), len(results), plan.num_chunks)
+                    self.observers.tell("warmup_block", r, len(rounds), c, result, len(results), geometry.num_chunks)
             finally:
                 self._cancel(blocks)
-            results = [results[c] for c in range(plan.num_chunks)]
+            results = [results[c] for c in range(geometry.num_chunks)]
             for c, result in enumerate(results):
                 if "warmup_draws" in result:  # save_warmup
                     self.sink.write_warmup(c, first, result["warmup_draws"])
@@ -261,50 +192,53 @@ class Runner:
         return positions, params, history
 
     # -- sampling -----------------------------------------------------------------------------
-    def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict, stop=None) -> int:
+    def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict, monitor) -> int:
         """Stream every remaining block to the sink; return the number of segments kept.
 
-        ``start_positions[chunk] = (segment, positions)``: where each chunk continues. With ``stop``
-        (a :class:`~dhmc.distributed.stopping.Stopping`, ``draws="auto"``) each complete wave of
-        segments is checked, chunks run at most one segment ahead of the waves checked, and the
-        run ends at the first wave that meets the rule.
+        ``start_positions[chunk] = (segment, positions)``: where each chunk continues. Each complete
+        wave of segments goes to ``monitor`` (the run's
+        :class:`~dhmc.distributed.monitor.ConvergenceMonitor`), whose measurements observers are told.
+        With ``draws="auto"`` chunks run at most one segment ahead of the waves checked, and the run
+        ends at the first wave that meets the rule.
         """
-        spec, plan = self.spec, self.spec.plan
+        spec, geometry = self.spec, self.spec.geometry
         start = time.perf_counter()
         blocks: dict = {}
         done = {chunk: segment for chunk, (segment, _) in start_positions.items()}
         held: dict = {}  # chunk -> (segment, positions): waiting for the wave check
+        if not monitor.auto:  # a resumed fixed-draws run measures from its next wave on
+            monitor.waves = min(done.values())
 
         def submit(chunk, segment, positions):
-            if segment >= plan.num_segments:
+            if segment >= geometry.num_segments:
                 return
-            if stop is not None and segment > stop.waves + 1:
+            if monitor.auto and segment > monitor.waves + 1:
                 held[chunk] = (segment, positions)
                 return
-            draws = plan.segment(segment)
+            draws = geometry.segment(segment)
             first = spec.warmup + draws.start * spec.thinning
-            job = self._job("sample", chunk, first, plan.draws_per_segment, positions, params, keep_draws=len(draws),
-                            store=self.sink.destination(chunk, segment),
-                            head_chains=stop.k if stop is not None and self.store is not None else 0)
+            job = self._job("sample", chunk, first, geometry.draws_per_segment, positions, params,
+                            keep_draws=len(draws), store=self.sink.destination(chunk, segment),
+                            head_chains=monitor.k if self.store is not None else 0)
             blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
 
         def check_waves() -> bool:
             """Check the waves completed since the last check; release held chunks; True to stop."""
-            for wave in range(stop.waves + 1, min(done.values()) + 1):
-                check = stop.check(wave)
+            for wave in range(monitor.waves + 1, min(done.values()) + 1):
+                check = monitor.check(wave)
                 if check is not None:
-                    self.tell("convergence_check", check)
-                if stop.stopped:
+                    self.observers.tell("convergence_check", check)
+                if monitor.stopped:
                     return True
             for chunk, (segment, positions) in sorted(held.items()):
-                if segment <= stop.waves + 1:
+                if segment <= monitor.waves + 1:
                     del held[chunk]
                     submit(chunk, segment, positions)
             return False
 
         try:
-            if stop is not None and min(done.values()) < plan.num_segments and check_waves():
-                return stop.waves + 1  # a resumed run whose waves already meet the rule
+            if monitor.auto and min(done.values()) < geometry.num_segments and check_waves():
+                return monitor.waves + 1  # a resumed run whose waves already meet the rule
             for chunk, (segment, positions) in sorted(start_positions.items()):
                 submit(chunk, segment, positions)
             for (chunk, segment), result in self._finished(blocks):
@@ -312,18 +246,18 @@ class Runner:
                 self.sink.write(chunk, segment, result)
                 self.timing["writing"] += time.perf_counter() - t + result.get("write_seconds", 0.0)
                 done[chunk] = segment + 1
-                if stop is not None:
-                    stop.add(chunk, segment, result)
+                monitor.add(chunk, segment, result)
                 submit(chunk, segment + 1, result["position"])
-                self.tell("sample_block", chunk, segment, result, len(plan.chunk(chunk)) * len(plan.segment(segment)))
-                if stop is not None and check_waves():
+                size = len(geometry.chunk(chunk)) * len(geometry.segment(segment))
+                self.observers.tell("sample_block", chunk, segment, result, size)
+                if check_waves():
                     self._drain(blocks)
-                    return stop.waves + 1
+                    return monitor.waves + 1
         finally:  # what has arrived reaches the sink, also when the run is interrupted
             self._cancel(blocks)
             self.sink.close()
             self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
-        return plan.num_segments
+        return geometry.num_segments
 
     def _drain(self, blocks: dict) -> None:
         """Let blocks that are writing to a store finish (a stopped run trims the store next)."""
@@ -333,7 +267,7 @@ class Runner:
 
         try:
             with self.client.as_current():
-                wait([b.future for b in blocks.values()], timeout=self.block_timeout or None)
+                wait([b.future for b in blocks.values()], timeout=self.health.block_timeout or None)
         except Exception:  # noqa: BLE001 - their draws are not kept anyway
             pass
 
@@ -344,15 +278,6 @@ class Runner:
                 self.client.cancel([b.future for b in blocks.values()])
             except Exception:  # noqa: BLE001 - the cluster may be gone already
                 pass
-
-
-def _block_in(stderr_tail, run_id: str) -> str | None:
-    """The block a worker said it was running for ``run_id`` (its last such line on stderr)."""
-    pattern = re.compile(rf"^dhmc: {re.escape(run_id)} runs the (.+)$")
-    for line in reversed(stderr_tail):
-        if match := pattern.match(line):
-            return match.group(1)
-    return None
 
 
 def initial_params(spec: RunSpec, dim: int, dtype) -> dict:

@@ -10,10 +10,13 @@ from datetime import UTC, datetime
 import jax
 import numpy as np
 
-from dhmc.core.ensemble import KERNELS
-from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment
+from dhmc.core.ensemble import KERNELS, KernelConfig
 from dhmc.distributed.warmup import DEFAULT_MAX_WARMUP, auto_rounds, fixed_rounds
+from dhmc.geometry import Geometry, default_chains_per_task, default_draws_per_segment
 from dhmc.storage import schema
+
+__all__ = ["RunSpec", "DEFAULT_TARGET_ESS", "DEFAULT_MAX_DRAWS", "check_options", "adapted_options",
+           "check_kernel_fits", "layout_for", "geometry_for", "run_attrs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,8 +49,13 @@ class RunSpec:
     max_warmup: int | None = None  # warmup="auto": the most iterations; ``warmup`` is the iterations run once known
 
     @property
-    def plan(self) -> Plan:
-        return Plan(self.chains, self.draws, self.warmup, self.chains_per_task, self.draws_per_segment)
+    def geometry(self) -> Geometry:
+        """How the run's chains and draws are cut into blocks."""
+        return Geometry(self.chains, self.draws, self.chains_per_task, self.draws_per_segment)
+
+    def with_draws(self, draws: int) -> RunSpec:
+        """The same run with ``draws`` draws per chain (an auto run that stopped, an extended one)."""
+        return replace(self, draws=int(draws))
 
     def kernel_config(self, phase: str = "sample"):
         """The block programs' kernel settings for ``phase``.
@@ -57,8 +65,6 @@ class RunSpec:
         ensemble partly stuck there gives a metric that keeps it so. Its draws then take the user's
         steps with the adapted step size (jittered, see core.ensemble.step_size_for) and metric.
         """
-        from dhmc.core.ensemble import KernelConfig
-
         hmc = self.kernel == "hmc" and self.adapt
         kind = "chees" if hmc and phase == "warmup" else self.kernel
         return KernelConfig(kind=kind, num_steps=self.num_steps if kind == "hmc" else None,
@@ -180,22 +186,24 @@ def _check_draws(draws, target_ess, max_draws) -> tuple[int, float | None, int |
     return int(draws), None, None
 
 
-def layout_for(model, chains: int, draws: int, chains_per_task: int | None, gpu: bool,
-               target_ess: float | None = None, warmup_draws: int = 0) -> schema.Layout:
-    """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
-    chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
+def layout_for(model, warmup_draws: int = 0) -> schema.Layout:
+    """The variables a run stores, from the shapes the model's functions give (traced, not run)."""
     position, key = jax.ShapeDtypeStruct((model.dim,), model.dtype), jax.ShapeDtypeStruct((2,), np.uint32)
     shapes = lambda fn, *args: {} if fn is None else {
         k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(fn, position, *args).items()}
-    variables = shapes(model.constrain_fn)
-    pointwise = shapes(model.log_likelihood_fn)
-    predictive = shapes(model.predictive_fn, key)
-    every = [*variables.values(), *pointwise.values(), *predictive.values()]
-    bytes_per_draw = sum(4 * max(1, math.prod(s)) for s, _ in every) + 4 * 8
-    dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, chains, target_ess)
-    layout = schema.make_layout(chains, draws, chains_per_task, dps, variables, model.dtype, model.dims,
-                                model.coords, pointwise, model.observed_data, predictive)
+    layout = schema.make_layout(shapes(model.constrain_fn), model.dtype, model.dims, model.coords,
+                                shapes(model.log_likelihood_fn), model.observed_data, shapes(model.predictive_fn, key))
     return replace(layout, warmup_draws=int(warmup_draws))
+
+
+def geometry_for(layout: schema.Layout, chains: int, draws: int, chains_per_task: int | None, gpu: bool,
+                 target_ess: float | None = None) -> Geometry:
+    """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
+    chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
+    every = [*layout.posterior.values(), *layout.log_likelihood.values(), *layout.posterior_predictive.values()]
+    bytes_per_draw = sum(4 * max(1, math.prod(v.shape)) for v in every) + 4 * 8
+    dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, chains, target_ess)
+    return Geometry(chains, draws, chains_per_task, dps)
 
 
 def _check_integer(low: int, **values) -> None:

@@ -20,6 +20,8 @@ import jax
 
 from dhmc.distributed.spec import RunSpec
 
+__all__ = ["Startup", "pickle_target", "precompile"]
+
 
 class Startup:
     """Connect to ``cluster`` (in the background for the embedded one) and precompile for its workers.
@@ -76,7 +78,7 @@ def _worker_setup():
 
 
 def _connect(cluster, options):
-    from dhmc.distributed.clusters import connect  # imports distributed
+    from dhmc.distributed.connect import connect  # imports distributed
 
     return connect(cluster, options)
 
@@ -155,7 +157,7 @@ def precompile(spec: RunSpec, model, folder: str) -> dict:
     ``folder``, which a block names (a path, not the bytes: blocks stay small, and the driver's memory
     does not grow with every block sent). Returns ``{phase: Future of the file's path}``.
     """
-    from dhmc.distributed.worker import precompile as compile_block
+    from dhmc.distributed.program import precompile as compile_block
 
     def compile_in_this_thread(phase, *args):
         with jax.enable_x64(spec.x64):  # the caller's x64 may be a context of its own thread

@@ -1,12 +1,15 @@
-"""What runs on a worker: one block of the ensemble, with the model and program cached per process.
+"""What runs in a worker process: one block of the ensemble, with the model and program cached per process.
 
 A task carries the pickled target and a token; the first task of a run on a worker unpickles it
-and compiles its program (or loads the executable the driver compiled, see :func:`precompile`),
-later tasks reuse it (a jitted closure shipped per task would re-trace every time).
+and compiles its program (or loads the executable the driver compiled, see
+:func:`~dhmc.distributed.program.precompile`), later tasks reuse it (a jitted closure shipped per
+task would re-trace every time). Dask preloads this module in the embedded cluster's workers
+(:func:`dask_setup`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import sys
@@ -19,9 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
+from dhmc.core.ensemble import KernelConfig, Params
 from dhmc.distributed import events
-from dhmc.models.base import TRACING
+from dhmc.distributed.program import build_program, compile_program, load_executable
+from dhmc.errors import ClusterError
+
+__all__ = ["Job", "run_job", "prepare_process", "dask_setup", "load_model"]
 
 _MODELS: dict[str, Any] = {}
 _PROGRAMS: dict[tuple, Any] = {}
@@ -51,8 +57,8 @@ class Job:
     collect_mass: bool = False
     find_step: bool = False
     executable: str | None = None  # a file holding the driver's compiled program, if any (same machine)
-    store: Any = field(default=None, repr=False)  # a storage.zarr_.BlockDestination: the worker writes there
-    head_chains: int = 0  # draws="auto" with a store: return the draws of this many first chains too
+    store: Any = field(default=None, repr=False)  # a storage.blocks.BlockDestination: the worker writes there
+    head_chains: int = 0  # with a store: return the draws of this many first chains too (the convergence monitor)
 
     def describe(self) -> str:
         """``"sample block (chains 0-15, iterations 100-149)"``."""
@@ -70,9 +76,6 @@ def _tune_malloc() -> None:
     a vmapped HMC block ran 1.5-1.8x slower in a worker than in a plain process (measured here).
     Raising both thresholds at run time restores plain-process speed, on any cluster.
     """
-    import ctypes
-    import sys
-
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -85,8 +88,6 @@ def _tune_malloc() -> None:
 
 def _enable_compilation_cache() -> None:
     """Share compiled programs between worker processes and runs through JAX's persistent cache."""
-    import os
-
     if jax.config.jax_compilation_cache_dir is None and os.environ.get("DHMC_COMPILATION_CACHE", "1") != "0":
         path = os.environ.get("DHMC_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "dhmc", "jax"))
         jax.config.update("jax_compilation_cache_dir", path)
@@ -128,84 +129,11 @@ def load_model(token: str, blob: bytes):
         try:
             target = cloudpickle.loads(blob)
         except (ImportError, AttributeError) as e:  # a module the driver had and this worker has not
-            from dhmc.errors import ClusterError
-
             raise ClusterError(f"worker on {socket.gethostname()} cannot unpickle the target: {type(e).__name__}: "
                                f"{e}; install it there, or import what builds it on every worker with "
                                "dhmc.worker-setup (dhmc sample --worker-setup MODULE_OR_SCRIPT)") from None
         _MODELS[token] = target.build()
     return _MODELS[token]
-
-
-def build_program(model, config: KernelConfig, phase: str, num_iterations: int):
-    """The block's whole computation as one function of arrays (``phase`` is "warmup" or "sample")."""
-    if phase == "warmup":
-        run = warmup_chunk(model.logdensity_fn, config)
-
-        def program(seed, chains, positions, params, first, n, adapt, collect, find_step):
-            out = run(chain_keys(seed, chains), positions, params, first, n, adapt, collect, find_step)
-            if not config.record_warmup:
-                return out
-            end, stats, recorded = out  # save_warmup: the round's draws, constrained
-            return end, (stats, jax.vmap(jax.vmap(model.constrain_fn))(recorded))
-
-        return program
-    run = sample_chunk(model.logdensity_fn, config, num_iterations)
-
-    def program(seed, chains, positions, params, first):
-        end, trace = run(chain_keys(seed, chains), positions, params, first)
-        position = trace.pop("position")
-        groups = {"posterior": jax.vmap(jax.vmap(model.constrain_fn))(position), "sample_stats": trace}
-        if model.log_likelihood_fn is not None:
-            groups["log_likelihood"] = jax.vmap(jax.vmap(model.log_likelihood_fn))(position)
-        if model.predictive_fn is not None:
-            keys = predictive_keys(seed, chains, first, num_iterations, config.thinning)
-            groups["posterior_predictive"] = jax.vmap(jax.vmap(model.predictive_fn))(position, keys)
-        return end, groups
-
-    return program
-
-
-PREDICTIVE_STREAM = 2**32 - 1  # fold_in data no kernel iteration reaches: predictive keys apart from the kernel's
-
-
-def predictive_keys(seed, chains, first, draws: int, thinning: int):
-    """``(chains, draws, 2)`` keys of posterior predictive draws, one per chain and global iteration.
-
-    A draw's key depends on its chain and iteration only, so extending or re-cutting a run keeps it.
-    """
-    streams = jax.vmap(lambda k: jax.random.fold_in(k, PREDICTIVE_STREAM))(chain_keys(seed, chains))
-    iterations = first + thinning * jnp.arange(draws, dtype=jnp.int32)
-    return jax.vmap(lambda k: jax.vmap(lambda i: jax.random.fold_in(k, i))(iterations))(streams)
-
-
-def program_args(phase: str, chains: int, dim: int, dtype, dense_mass: bool) -> tuple:
-    """Abstract arguments of a block program, for compiling before any data exists."""
-    s = jax.ShapeDtypeStruct
-    mass = (dim, dim) if dense_mass else (dim,)
-    params = Params(s((), dtype), s(mass, dtype), s((), dtype))
-    args = (s((), jnp.uint32), s((chains,), jnp.uint32), s((chains, dim), dtype), params, s((), jnp.int32))
-    if phase == "warmup":
-        args += (s((), jnp.int32), s((), jnp.bool_), s((), jnp.bool_), s((), jnp.bool_))
-    return args
-
-
-def compile_program(program, args):
-    """Compile for the default backend; on CPUs with LLVM's -O2, which halves compile time (measured
-    here: 5.4 s -> 2.3 s for a 128-chain logistic-regression block) and runs as fast as -O3."""
-    options = {"xla_backend_optimization_level": 2} if jax.default_backend() == "cpu" else None
-    with TRACING:
-        lowered = jax.jit(program).lower(*args)
-    return lowered.compile(compiler_options=options)
-
-
-def precompile(model, config: KernelConfig, phase: str, num_iterations: int, chains: int, dense_mass: bool) -> bytes:
-    """Compile a block program here and serialize it for workers on this machine and backend."""
-    from jax.experimental.serialize_executable import serialize
-
-    args = program_args(phase, chains, model.dim, model.dtype, dense_mass)
-    compiled = compile_program(build_program(model, config, phase, num_iterations), args)
-    return cloudpickle.dumps((jax.default_backend(), serialize(compiled)))
 
 
 def _read(path: str | None) -> bytes | None:
@@ -216,28 +144,13 @@ def _read(path: str | None) -> bytes | None:
         return None
 
 
-def _load(executable: bytes | None):
-    """The driver's executable, or None when it cannot run here (another backend, another JAX)."""
-    if executable is None:
-        return None
-    try:
-        from jax.experimental.serialize_executable import deserialize_and_load
-
-        backend, (payload, in_tree, out_tree) = cloudpickle.loads(executable)
-        if backend != jax.default_backend():
-            return None
-        return deserialize_and_load(payload, in_tree, out_tree)
-    except Exception:  # noqa: BLE001 - fall back to compiling here
-        return None
-
-
 def _program(job: Job, model, args):
     key = (job.model_token, job.x64, job.config, job.phase, None if job.phase == "warmup" else job.num_iterations,
            tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)))
     if key in _PROGRAMS:
         return _PROGRAMS[key], 0.0
     start = time.perf_counter()
-    compiled = _load(_read(job.executable))
+    compiled = load_executable(_read(job.executable))
     if compiled is None:
         compiled = compile_program(build_program(model, job.config, job.phase, job.num_iterations), args)
     if len(_PROGRAMS) >= _CACHE_SIZE:
@@ -279,14 +192,13 @@ def run_job(job: Job) -> dict:
         grad_evals = int(stats["n_steps"][0].sum()) * n
         acceptance = float(stats["acceptance_rate"].mean())
         divergences = int(stats["diverging"].sum())
-        result["moments"] = chain_moments(block["posterior"])
         if job.store is None:
             result.update(block)
         else:
             start = time.perf_counter()
             result["written"] = job.store.write({**block, "position": end})
             result["write_seconds"] = time.perf_counter() - start
-            if job.head_chains:  # for the driver's stopping rule
+            if job.head_chains:  # for the driver's convergence monitor
                 result["head"] = {k: np.array(v[:job.head_chains]) for k, v in block["posterior"].items()}
     _record(job, n, grad_evals, seconds, compile_seconds, acceptance, divergences)
     return result
@@ -301,24 +213,6 @@ def _where() -> dict:
     except (ImportError, ValueError):
         address = ""
     return {"host": socket.gethostname(), "worker": address}
-
-
-def chain_moments(posterior: dict[str, np.ndarray], max_chains: int = 256, max_params: int = 16) -> dict:
-    """Per-chain count, mean and sum of squared deviations of the first scalar parameters, for running R-hat.
-
-    Returns ``{"names", "count", "mean", "m2"}`` for the block's first ``max_chains`` chains and
-    ``max_params`` scalars: a few KiB, whatever the block's size.
-    """
-    flat, names = [], []
-    for name, values in posterior.items():
-        v = np.asarray(values, float).reshape(values.shape[0], values.shape[1], -1)[:max_chains]
-        for i in range(v.shape[2]):
-            names.append(name if v.shape[2] == 1 and values.ndim == 2 else f"{name}[{i}]")
-            flat.append(v[..., i])
-    x = np.stack(flat[:max_params], axis=-1)
-    mean = x.mean(axis=1)
-    return {"names": names[:max_params], "count": x.shape[1], "mean": mean,
-            "m2": ((x - mean[:, None]) ** 2).sum(axis=1)}
 
 
 def _record(job, chains, grad_evals, seconds, compile_seconds, acceptance, divergences):

@@ -11,6 +11,8 @@ import numpy as np
 
 from dhmc.types import Array
 
+__all__ = ["FlatModel", "Target", "TRACING"]
+
 #: Held while a model is traced. NumPyro keeps its effect-handler stack in one global list, so two
 #: threads tracing a NumPyro model at once (the driver compiling block programs while it checks the
 #: initial points) corrupt each other's traces; tracing is cheap next to compiling, which runs unlocked.
@@ -33,8 +35,8 @@ class FlatModel:
         Floating dtype of the position.
     centre, radius
         Chains start at ``centre + U(-radius, radius)`` unless an explicit init is given.
-    observed_data, constant_data
-        Arrays for ArviZ's groups of those names.
+    observed_data
+        Arrays for ArviZ's group of that name.
     dims, coords
         Names of each variable's axes beyond ``(chain, draw)``, and the coordinates of named dims.
     log_likelihood_fn
@@ -50,7 +52,6 @@ class FlatModel:
     centre: np.ndarray
     radius: float
     observed_data: dict[str, np.ndarray] = field(default_factory=dict)
-    constant_data: dict[str, np.ndarray] = field(default_factory=dict)
     dims: dict[str, list[str]] = field(default_factory=dict)
     coords: dict[str, list] = field(default_factory=dict)
     log_likelihood_fn: Callable[[Array], dict[str, Array]] | None = None

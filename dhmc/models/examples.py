@@ -12,6 +12,9 @@ from dhmc.models.base import FlatModel
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget
 
+__all__ = ["EXAMPLES", "DESCRIPTIONS", "example", "coin_toss_model", "harmonic_oscillator_logdensity",
+           "gaussian_2d_logdensity", "linear_acceleration_data", "linear_acceleration_model", "eight_schools_model"]
+
 
 def coin_toss_model(heads=(20, 30), tosses=(40, 40)):
     """Two coins with uniform priors; posteriors Beta(21, 21) and Beta(31, 11) for the defaults."""

@@ -13,6 +13,8 @@ from jax.flatten_util import ravel_pytree
 
 from dhmc.models.base import FlatModel
 
+__all__ = ["LogDensityTarget"]
+
 
 @dataclass(frozen=True)
 class LogDensityTarget:

@@ -5,3 +5,5 @@ Import the submodules directly (``dhmc.observe.metrics``,
 """
 
 from __future__ import annotations
+
+__all__: list[str] = []

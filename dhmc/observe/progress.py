@@ -6,29 +6,36 @@ and ETA; with ``draws="auto"`` its postfix says the min ESS against the target a
 
 from __future__ import annotations
 
+import logging
 import sys
+
+__all__ = ["DashboardLink", "Progress"]
 
 
 class DashboardLink:
-    """Prints ``dhmc: dashboard http://...`` when a run starts, with or without a progress bar."""
+    """Prints (and logs) ``dhmc: dashboard http://.../dhmc``, dhmc's own page, when a run starts."""
 
     def __init__(self, stream=sys.stderr):
         self.stream = stream
 
-    def start_run(self, client, run_id: str, plan) -> None:
-        if client.dashboard_link:
-            print(f"dhmc: dashboard {client.dashboard_link}", file=self.stream, flush=True)
+    def start_run(self, client, run_id: str, geometry) -> None:
+        from dhmc.observe.dashboard import page_url
+
+        url = page_url(client)
+        if url:
+            print(f"dhmc: dashboard {url}", file=self.stream, flush=True)
+            logging.getLogger("dhmc").info("run %s: dashboard %s", run_id, url)
 
 
 class Progress:
     """A tqdm bar per phase: ``dhmc warmup`` (blocks, round r/R), then ``dhmc sampling`` (chain-draws)."""
 
     def __init__(self, stream=sys.stderr):
-        self.stream, self.bar, self.plan = stream, None, None
+        self.stream, self.bar, self.geometry = stream, None, None
         self.tty = hasattr(stream, "isatty") and stream.isatty()
 
-    def start_run(self, client, run_id: str, plan) -> None:
-        self.plan = plan
+    def start_run(self, client, run_id: str, geometry) -> None:
+        self.geometry = geometry
 
     def _phase(self, name: str, total: int, unit: str, scale: bool = False):
         """The bar of phase ``name``, started on its first block (a log file gets an update every 5 s)."""
@@ -41,21 +48,26 @@ class Progress:
                             dynamic_ncols=self.tty, ncols=None if self.tty else 120)
         return self.bar
 
-    def warmup_block(self, round_index: int, rounds: int, chunks_done: int, chunks: int) -> None:
+    def warmup_block(self, round_index: int, rounds: int, chunk: int, result: dict, chunks_done: int,
+                     chunks: int) -> None:
         bar = self._phase("dhmc warmup", rounds * chunks, " blocks")
         bar.set_postfix_str(f"round {round_index + 1}/{rounds}", refresh=False)
         bar.update(1)
 
     def sample_block(self, chunk: int, segment: int, result: dict, chain_draws: int) -> None:
-        plan = self.plan
-        total = plan.chains * plan.draws if plan is not None else None
+        geometry = self.geometry
+        total = geometry.chains * geometry.draws if geometry is not None else None
         self._phase("dhmc sampling", total, " chain-draws", scale=True).update(chain_draws)
 
     def convergence_check(self, check: dict) -> None:
-        """``draws="auto"``: the min ESS of the draws so far and the draws it suggests are left."""
-        if self.bar is not None:
+        """The monitor's last measurement: min ESS (against ``target_ess`` and the draws left, for ``draws="auto"``)."""
+        if self.bar is None:
+            return
+        if "target_ess" in check:
             self.bar.set_postfix_str(f"min ESS {check['min_ess']:,.0f}/{check['target_ess']:,.0f}, "
                                      f"~{check['remaining']:,} draws left")
+        else:
+            self.bar.set_postfix_str(f"min ESS {check['min_ess']:,.0f}, nested R-hat {check['max_nested_rhat']:.3f}")
 
     def close(self) -> None:
         if self.bar is not None:

@@ -1,41 +1,47 @@
-"""The run's progress and running convergence, published to the dashboard's /dhmc page as blocks finish."""
+"""The run's progress and convergence, published to the dashboard's /dhmc page as blocks finish."""
 
 from __future__ import annotations
 
 import time
 
-from dhmc.observe.convergence import RunningConvergence
+__all__ = ["DashboardPublisher"]
 
 
 class DashboardPublisher:
-    """An observer of one run (see :class:`dhmc.distributed.runner.Runner`) that feeds the /dhmc page."""
+    """An observer of one run (:class:`dhmc.Observer`) that feeds the /dhmc page.
 
-    def start_run(self, client, run_id: str, plan) -> None:
-        self.client, self.run_id, self.plan = client, run_id, plan
-        self.convergence = RunningConvergence(plan.chains, plan.num_segments, plan.chains_per_task)
+    Its convergence table is the run's :class:`~dhmc.distributed.monitor.ConvergenceMonitor`'s last
+    measurement: the numbers the progress bar and ``draws="auto"`` use too.
+    """
+
+    def start_run(self, client, run_id: str, geometry) -> None:
+        self.client, self.run_id, self.geometry = client, run_id, geometry
         self.blocks_done, self.chain_draws, self.started = 0, 0, time.perf_counter()
         self.record: dict | None = None
+        self.convergence: dict = {}
         from dhmc.observe.metrics import install
 
         install(client)  # the per-worker metrics and the /dhmc page's plugin
 
     def sample_block(self, chunk: int, segment: int, result: dict, chain_draws: int) -> None:
-        plan = self.plan
+        geometry = self.geometry
         self.blocks_done += 1
         self.chain_draws += chain_draws
-        self.convergence.add(chunk, segment, result["moments"])
         self.record = {**(self.record or {}),
             "run_id": self.run_id, "phase": "sampling", "blocks_done": self.blocks_done,
-            "blocks_total": plan.num_chunks * plan.num_segments, "chains": plan.chains,
-            "draws_done": self.chain_draws, "draws_total": plan.chains * plan.draws,
-            "elapsed_s": time.perf_counter() - self.started, "convergence": self.convergence.report(),
+            "blocks_total": geometry.num_chunks * geometry.num_segments, "chains": geometry.chains,
+            "draws_done": self.chain_draws, "draws_total": geometry.chains * geometry.draws,
+            "elapsed_s": time.perf_counter() - self.started, "convergence": self.convergence,
         }
         self._publish()
 
     def convergence_check(self, check: dict) -> None:
-        """``draws="auto"``: publish ``auto = {"draws", "min_ess", "target_ess", "max_rhat", "remaining", ...}``."""
+        """Publish each parameter's R-hat and ESS; with ``draws="auto"`` also ``auto`` (min ESS, target, draws left)."""
+        self.convergence = check.get("params", {})
         if self.record is not None:
-            self.record["auto"] = dict(check)
+            self.record["convergence"] = self.convergence
+            if "target_ess" in check:
+                self.record["auto"] = {k: v for k, v in check.items() if k != "params"}
             self._publish()
 
     def _publish(self) -> None:

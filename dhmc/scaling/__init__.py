@@ -11,8 +11,8 @@ growing size, writes ``DIR/scaling.json`` and PNG plots, and returns the record.
 
 The package is a driver above :mod:`dhmc.api`: ``plan`` checks the study and chooses its points,
 ``clusters`` gives each point fresh workers, ``measure`` times a point, ``report`` derives speedups, flags
-suspect points and writes ``scaling.json``, ``study`` runs them in turn; the plots are
-:mod:`dhmc.observe.plots`. It imports only the standard library at import time; JAX, Dask and matplotlib
+suspect points and writes ``scaling.json``, ``study`` runs them in turn, ``plots`` draws them (what
+they show: ``plot_data``). It imports only the standard library at import time; JAX, Dask and matplotlib
 are imported when a study runs.
 """
 

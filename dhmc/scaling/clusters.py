@@ -12,6 +12,8 @@ from contextlib import suppress
 
 from dhmc.scaling.plan import ScalingError
 
+__all__ = ["Clusters", "cluster_info", "placement"]
+
 
 class Clusters:
     """Clients with ``n`` workers, freshly started or restarted for every point."""
@@ -47,13 +49,13 @@ class Clusters:
         if not self.embedded:
             return None
         from dhmc.distributed import config
-        from dhmc.distributed.clusters import available_cores
+        from dhmc.distributed.embedded import available_cores
 
         pin = config.cluster_options("local", self.options).get("pin", True)
         return bool(pin) and n <= len(available_cores())
 
     def get(self, n: int):
-        from dhmc.distributed.clusters import connect
+        from dhmc.distributed.connect import connect
 
         if self.embedded:
             self.client, self.close = connect("local", {**self.options, "n_workers": n})

@@ -23,6 +23,8 @@ import warnings
 from dhmc.errors import ConvergenceWarning
 from dhmc.scaling.plan import ScalingError
 
+__all__ = ["time_point"]
+
 
 def _sample(client, model, chains, draws, cpt, step, steps, seed) -> dict:
     from dhmc.api import sample

@@ -5,6 +5,9 @@ Everything here is checked before any work starts, so that bad input fails at on
 
 from __future__ import annotations
 
+__all__ = ["BLOCKS_PER_WORKER", "DEFAULT_SETTINGS", "FALLBACK_SETTINGS", "KINDS", "ScalingError", "check_models",
+           "hmc_settings", "study_points"]
+
 KINDS = ("strong", "weak", "chains")
 
 #: Fixed HMC settings per built-in model: ``(step_size, num_steps)``. The step sizes keep the

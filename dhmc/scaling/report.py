@@ -17,6 +17,8 @@ import socket
 from contextlib import suppress
 from pathlib import Path
 
+__all__ = ["derive", "load_average", "machine_info", "write_json"]
+
 
 def derive(kind: str, runs: list[dict]) -> None:
     """Fill ``speedup`` and ``efficiency``, per model, relative to its own baseline; mark suspect points."""

@@ -9,11 +9,13 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dhmc.observe import plots
 from dhmc.scaling.clusters import Clusters, cluster_info, placement
 from dhmc.scaling.measure import time_point
 from dhmc.scaling.plan import check_models, hmc_settings, study_points
+from dhmc.scaling.plots import plot_study
 from dhmc.scaling.report import derive, load_average, machine_info, write_json
+
+__all__ = ["run_study"]
 
 
 def run_study(
@@ -136,7 +138,7 @@ def run_study(
             result["wall_seconds"] = time.perf_counter() - t_study
             write_json(result, out)  # what is measured so far survives a failure at a later point
 
-    result["plots"] = [p.name for p in plots.plot_study(result, out)]
+    result["plots"] = [p.name for p in plot_study(result, out)]
     busy = [r for r in runs if r["cpu_workers"] and r.get("cpu_share") is not None and r["cpu_share"] < 0.75]
     if busy:
         say(f"dhmc scale {kind}: warning: at {len(busy)} of {len(runs)} points the workers got under 75% of their "

@@ -3,3 +3,5 @@
 Submodules are imported where they are used: xarray and zarr take ~1 s to import, and a run
 without a store needs zarr only to open one later.
 """
+
+__all__: list[str] = []

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+__all__ = ["SAMPLE_STATS", "VariableSpec", "Layout", "fill_value", "make_layout", "observed_dims", "to_datatree"]
+
 if TYPE_CHECKING:
     import xarray as xr
 
@@ -31,30 +33,18 @@ class VariableSpec:
 
 @dataclass(frozen=True)
 class Layout:
-    """Sizes and variables of a run: ``posterior``, ``sample_stats`` (``log_likelihood``, ``posterior_predictive``).
+    """The variables of a run: ``posterior``, ``sample_stats`` (``log_likelihood``, ``posterior_predictive``).
 
-    Arrays have dims ``(chain, draw, *extra)`` and are chunked as one block of
-    ``chains_per_task`` chains by ``draws_per_segment`` draws.
+    Arrays have dims ``(chain, draw, *extra)``; how many chains and draws, and how they are cut
+    into blocks, is the run's :class:`~dhmc.geometry.Geometry`, kept apart.
     """
 
-    chains: int
-    draws: int
-    chains_per_task: int
-    draws_per_segment: int
     posterior: dict[str, VariableSpec]
     sample_stats: dict[str, VariableSpec]
     coords: dict[str, list] = field(default_factory=dict)
     log_likelihood: dict[str, VariableSpec] = field(default_factory=dict)
     posterior_predictive: dict[str, VariableSpec] = field(default_factory=dict)
     warmup_draws: int = 0  # save_warmup: group ``warmup_posterior`` holds this many draws (the posterior's variables)
-
-    @property
-    def num_chunks(self) -> int:
-        return -(-self.chains // self.chains_per_task)
-
-    @property
-    def num_segments(self) -> int:
-        return -(-self.draws // self.draws_per_segment)
 
     def groups(self) -> dict[str, dict[str, VariableSpec]]:
         extra = {"log_likelihood": self.log_likelihood, "posterior_predictive": self.posterior_predictive}
@@ -64,8 +54,8 @@ class Layout:
         """``{"warmup_posterior": ...}`` when warmup draws are kept: one chunk of draws per chunk of chains."""
         return {"warmup_posterior": self.posterior} if self.warmup_draws else {}
 
-    def coords_for(self, dims, sizes: dict | None = None) -> dict[str, np.ndarray]:
-        sizes = {"chain": self.chains, "draw": self.draws, **(sizes or {})}
+    def coords_for(self, dims, sizes: dict) -> dict[str, np.ndarray]:
+        """Coordinates of ``dims`` (``sizes``: their lengths): the run's own, else ``0..n-1``."""
         return {d: np.asarray(self.coords[d]) if d in self.coords else np.arange(sizes[d]) for d in dims}
 
 
@@ -75,8 +65,8 @@ def fill_value(dtype: str):
     return np.nan if kind == "f" else (False if kind == "b" else 0)
 
 
-def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, float_dtype, dims=None,
-                coords=None, log_likelihood=None, observed=None, predictive=None) -> Layout:
+def make_layout(variables, float_dtype, dims=None, coords=None, log_likelihood=None, observed=None,
+                predictive=None) -> Layout:
     """Build a :class:`Layout` from ``{name: (shape, dtype)}`` of the constrained variables.
 
     ``dims`` names a variable's axes beyond ``(chain, draw)`` (default ``{name}_dim_{i}``),
@@ -110,7 +100,7 @@ def make_layout(chains, draws, chains_per_task, draws_per_segment, variables, fl
                          f"{', '.join(sorted(variables))}")
     float_dtype = str(np.dtype(float_dtype))
     stats = {k: VariableSpec((), float_dtype if v == "float" else v, ()) for k, v in SAMPLE_STATS.items()}
-    return Layout(chains, draws, chains_per_task, draws_per_segment, posterior, stats, coords, pointwise, predictions)
+    return Layout(posterior, stats, coords, pointwise, predictions)
 
 
 def _check_size(dim: str, n: int, name: str, sizes: dict, coords: dict) -> None:

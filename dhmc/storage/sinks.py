@@ -1,30 +1,52 @@
 """Where a run's blocks go: NumPy arrays in the driver, or a Zarr store the workers write into.
 
-Both sinks have one small interface, used by the driver for every finished sampling block:
-
-* ``destination(chunk, segment)``: what the worker is told to do with its draws (None: send them back);
-* ``write(chunk, segment, result)``: take a finished block's result (draws, or the shapes the worker wrote);
-* ``close()``: called once, when sampling ends or is interrupted;
-
-and, for ``draws="auto"``, ``head(chunk, segment, chains)`` (a finished block's first chains' draws),
-``checked(waves)`` (waves the stopping rule rejected, for a resume) and ``trim(segments)`` (keep
-only the first segments); for ``save_warmup``, ``write_warmup(chunk, first, draws)`` and, after
-``warmup="auto"``, ``trim_warmup(iterations)``.
+Both sinks follow :class:`Sink`, the one interface the driver, the runner and the stopping rule use.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from dhmc.geometry import Geometry
 from dhmc.storage import schema
 
 if TYPE_CHECKING:
     import xarray as xr
     import zarr
+
+__all__ = ["Sink", "MemorySink", "StoreSink"]
+
+
+class Sink(Protocol):
+    """Where a run's finished blocks go (cut as the run's :class:`~dhmc.geometry.Geometry`)."""
+
+    def destination(self, chunk: int, segment: int):
+        """What the worker is told to do with the block's draws (None: send them back)."""
+
+    def write(self, chunk: int, segment: int, result: dict) -> None:
+        """Take a finished sampling block: its draws, or the shapes the worker wrote."""
+
+    def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
+        """``save_warmup``: a warmup block's draws, iterations ``first ..``."""
+
+    def head(self, chunk: int, segment: int, chains: int) -> dict:
+        """``{name: draws}`` of a finished block's first ``chains`` chains."""
+
+    def checked(self, waves: int) -> None:
+        """``draws="auto"``: the first ``waves`` waves were measured and did not meet the rule (for a resume)."""
+
+    def resize(self, geometry: Geometry, attrs: dict) -> None:
+        """Hold ``geometry.draws`` draws per chain from now on (``draws="auto"`` stopped); ``attrs``: the new spec."""
+
+    def trim_warmup(self, iterations: int) -> None:
+        """``save_warmup`` with ``warmup="auto"``: keep the ``iterations`` warmup ran."""
+
+    def close(self) -> None:
+        """Sampling ended or was interrupted (called once)."""
 
 
 class MemorySink:
@@ -34,12 +56,12 @@ class MemorySink:
     optional dependencies, ~0.5 s here), and gets its attributes at the end.
     """
 
-    def __init__(self, layout: schema.Layout, extra_groups: dict | None = None):
+    def __init__(self, layout: schema.Layout, geometry: Geometry, extra_groups: dict | None = None):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.layout, self.extra = layout, extra_groups
-        full = lambda draws, s: np.full((layout.chains, draws, *s.shape), schema.fill_value(s.dtype), s.dtype)
-        self.arrays = {group: {name: full(layout.draws, s) for name, s in specs.items()}
+        self.layout, self.geometry, self.extra = layout, geometry, extra_groups
+        full = lambda draws, s: np.full((geometry.chains, draws, *s.shape), schema.fill_value(s.dtype), s.dtype)
+        self.arrays = {group: {name: full(geometry.draws, s) for name, s in specs.items()}
                        for group, specs in layout.groups().items()}
         self.warmup = {group: {name: full(layout.warmup_draws, s) for name, s in specs.items()}
                        for group, specs in layout.warmup_groups().items()}
@@ -51,16 +73,14 @@ class MemorySink:
         return None
 
     def write(self, chunk: int, segment: int, result: dict) -> None:
-        c0 = chunk * self.layout.chains_per_task
-        d0 = segment * self.layout.draws_per_segment
+        c0, d0 = self.geometry.chunk(chunk).start, self.geometry.segment(segment).start
         for group, values in self.arrays.items():
             for name, array in values.items():
                 v = result[group][name]
                 array[c0:c0 + v.shape[0], d0:d0 + v.shape[1]] = v
 
     def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
-        """``save_warmup``: a warmup block's draws, iterations ``first ..``."""
-        c0 = chunk * self.layout.chains_per_task
+        c0 = self.geometry.chunk(chunk).start
         for name, v in draws.items():
             self.warmup["warmup_posterior"][name][c0:c0 + v.shape[0], first:first + v.shape[1]] = v
 
@@ -68,19 +88,19 @@ class MemorySink:
         pass
 
     def head(self, chunk: int, segment: int, chains: int) -> dict:
-        c0, d0 = chunk * self.layout.chains_per_task, segment * self.layout.draws_per_segment
-        return {name: a[c0:c0 + chains, d0:d0 + self.layout.draws_per_segment].copy()
-                for name, a in self.arrays["posterior"].items()}
+        c0, draws = self.geometry.chunk(chunk).start, self.geometry.segment(segment)
+        return {name: a[c0:c0 + chains, draws.start:draws.stop].copy() for name, a in self.arrays["posterior"].items()}
 
-    def trim(self, segments: int) -> None:
-        """Keep the first ``segments`` segments (copied, so that the arrays for ``max_draws`` are freed)."""
-        draws = min(segments * self.layout.draws_per_segment, self.layout.draws)
-        self.layout = replace(self.layout, draws=draws)
-        self.arrays = {g: {k: a[:, :draws].copy() for k, a in v.items()} for g, v in self.arrays.items()}
+    def checked(self, waves: int) -> None:
+        pass  # nothing to resume in memory
+
+    def resize(self, geometry: Geometry, attrs: dict) -> None:
+        """Keep the first ``geometry.draws`` draws (copied, so that the arrays for ``max_draws`` are freed)."""
+        self.geometry = geometry
+        self.arrays = {g: {k: a[:, :geometry.draws].copy() for k, a in v.items()} for g, v in self.arrays.items()}
         self._reassemble()
 
     def trim_warmup(self, iterations: int) -> None:
-        """``save_warmup`` with ``warmup="auto"``: keep the iterations warmup ran (room was made for ``max_warmup``)."""
         self.layout = replace(self.layout, warmup_draws=iterations)
         self.warmup = {g: {k: a[:, :iterations].copy() for k, a in v.items()} for g, v in self.warmup.items()}
         self._reassemble()
@@ -105,23 +125,23 @@ class StoreSink:
     chunk: what a resume continues from. The driver never holds a block's draws.
     """
 
-    def __init__(self, root: zarr.Group, path: str, layout: schema.Layout, run_id: str):
-        self.root, self.path, self.layout, self.run_id = root, path, layout, run_id
+    def __init__(self, root: zarr.Group, path: str, layout: schema.Layout, geometry: Geometry, run_id: str):
+        self.root, self.path, self.layout, self.geometry, self.run_id = root, path, layout, geometry, run_id
 
     def destination(self, chunk: int, segment: int):
-        from dhmc.storage.zarr_ import BlockDestination
+        from dhmc.storage.blocks import BlockDestination
 
-        return BlockDestination(self.path, self.layout, chunk, segment, self.run_id)
+        return BlockDestination(self.path, self.layout, self.geometry, chunk, segment, self.run_id)
 
     def write(self, chunk: int, segment: int, result: dict) -> None:
-        from dhmc.storage.zarr_ import check_block, mark_done
+        from dhmc.storage.blocks import check_block, mark_done
 
-        check_block(self.layout, chunk, segment, result["written"], self.path)
+        check_block(self.layout, self.geometry, chunk, segment, result["written"], self.path)
         mark_done(self.root, chunk, segment, result.get("where"))
 
     def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
-        """``save_warmup``: the driver writes a warmup block's draws (warmup blocks report to it anyway)."""
-        c0 = chunk * self.layout.chains_per_task
+        """The driver writes a warmup block's draws (warmup blocks report to it anyway)."""
+        c0 = self.geometry.chunk(chunk).start
         for name, v in draws.items():
             self.root[f"warmup_posterior/{name}"][c0:c0 + v.shape[0], first:first + v.shape[1]] = v
 
@@ -129,19 +149,20 @@ class StoreSink:
         pass
 
     def head(self, chunk: int, segment: int, chains: int) -> dict:
-        from dhmc.storage.zarr_ import read_head
+        from dhmc.storage.blocks import read_head
 
-        return read_head(self.root, self.layout, chunk, segment, chains)
+        return read_head(self.root, self.layout, self.geometry, chunk, segment, chains)
 
     def checked(self, waves: int) -> None:
         self.root.attrs.update({"dhmc_auto_checked": int(waves)})
 
-    def trim(self, segments: int) -> None:
-        from dhmc.storage.zarr_ import trim
+    def resize(self, geometry: Geometry, attrs: dict) -> None:
+        from dhmc.storage.rewrite import resize
 
-        self.layout = trim(self.root, self.layout, segments)
+        resize(self.root, self.layout, self.geometry, geometry, attrs)
+        self.geometry = geometry
 
     def trim_warmup(self, iterations: int) -> None:
-        from dhmc.storage.zarr_ import trim_warmup
+        from dhmc.storage.rewrite import trim_warmup
 
-        self.layout = trim_warmup(self.root, self.layout, iterations)
+        self.layout = trim_warmup(self.root, self.layout, self.geometry.chains, iterations)

@@ -1,24 +1,31 @@
-"""Zarr stores of a run: create the layout, write one block, find which blocks are done, open lazily.
+"""Zarr stores of a run: create one, check and open it, read back what a resume needs, open it lazily.
 
 One Zarr group per ArviZ group plus an internal group ``dhmc`` holding, per block, the end
 position of each chain (to continue the next segment bitwise) and a done flag written only
-after the block's data. Arrays are chunked as blocks, so each block is written by one writer,
-exactly once, into chunks nobody else touches.
+after the block's data (``storage.blocks``), and what a resume needs: the adapted parameters
+and a referenced model's inputs. A finished store's metadata is consolidated (``storage.rewrite``);
+dhmc itself reads a store it writes without it, which may predate an extend.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 import zarr
 
+from dhmc.geometry import Geometry
 from dhmc.storage.lock import check_free
 from dhmc.storage.schema import Layout, VariableSpec, fill_value
+
+__all__ = ["INTERNAL", "WHERE", "StoreError", "adapted_params", "blocks_done", "check_writable", "create_store",
+           "is_dhmc_store", "layout_from_json", "layout_to_json", "load_initial_params", "load_inputs", "load_warmup",
+           "open_store", "open_trace", "save_initial_params", "save_inputs", "save_warmup",
+           "segment_start_positions"]
 
 INTERNAL = "dhmc"
 WHERE = ("host", "worker")  # per block: the host name and the worker address that ran it
@@ -66,9 +73,9 @@ def is_dhmc_store(path: str | os.PathLike) -> bool:
         return False
 
 
-def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, extra: dict | None = None,
-                 overwrite: bool = False) -> zarr.Group:
-    """Create an empty store for ``layout``; ``attrs`` (JSON-able) go on the root and every group.
+def create_store(path, layout: Layout, geometry: Geometry, dim: int, float_dtype, attrs: dict,
+                 extra: dict | None = None, overwrite: bool = False) -> zarr.Group:
+    """Create an empty store for ``layout`` cut as ``geometry``; ``attrs`` (JSON-able) go on the root and every group.
 
     ``extra`` holds groups written whole now (``observed_data``, ``prior``): ``{group: {name: (dims, array)}}``.
     """
@@ -78,19 +85,20 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, extra
 
         shutil.rmtree(path)
     root = zarr.open_group(str(path), mode="w-", zarr_format=3)
-    root.attrs.update({**attrs, "dhmc_layout": _layout_to_json(layout)})
-    cpt = layout.chains_per_task
-    groups = [(g, s, layout.draws, layout.draws_per_segment) for g, s in layout.groups().items()]
+    root.attrs.update({**attrs, "dhmc_layout": layout_to_json(layout)})
+    cpt, chains = geometry.chains_per_task, geometry.chains
+    groups = [(g, s, geometry.draws, geometry.draws_per_segment) for g, s in layout.groups().items()]
     groups += [(g, s, layout.warmup_draws, layout.warmup_draws) for g, s in layout.warmup_groups().items()]
     for group, specs, draws, dps in groups:
         g = root.create_group(group, attributes=attrs)
         extra_dims = {d for s in specs.values() for d in s.dims}
-        for name, values in layout.coords_for(["chain", "draw", *sorted(extra_dims)], {"draw": draws}).items():
+        sizes = {"chain": chains, "draw": draws}  # every other dim has its coordinates in the layout
+        for name, values in layout.coords_for(["chain", "draw", *sorted(extra_dims)], sizes).items():
             g.create_array(name, data=_coordinate(values), dimension_names=[name])
         for name, spec in specs.items():
             g.create_array(
                 name,
-                shape=(layout.chains, draws, *spec.shape),
+                shape=(chains, draws, *spec.shape),
                 chunks=(cpt, dps, *spec.shape),
                 dtype=spec.dtype,
                 fill_value=fill_value(spec.dtype),
@@ -105,12 +113,13 @@ def create_store(path, layout: Layout, dim: int, float_dtype, attrs: dict, extra
         for name, (dims, value) in values.items():
             g.create_array(name, data=np.asarray(value), dimension_names=list(dims))
     internal = root.create_group(INTERNAL)
-    internal.create_array("done", shape=(layout.num_chunks, layout.num_segments), chunks=(1, 1), dtype="uint8",
+    blocks = (geometry.num_chunks, geometry.num_segments)
+    internal.create_array("done", shape=blocks, chunks=(1, 1), dtype="uint8",
                           fill_value=0, dimension_names=["chunk", "segment"])
     for name in WHERE:  # which host and worker ran each block, for a user to see where the work went
-        internal.create_array(name, shape=(layout.num_chunks, layout.num_segments), chunks=(1, 1), dtype=str,
+        internal.create_array(name, shape=blocks, chunks=(1, 1), dtype=str,
                               fill_value="", dimension_names=["chunk", "segment"])
-    internal.create_array("position", shape=(layout.chains, layout.num_segments, dim), chunks=(cpt, 1, dim),
+    internal.create_array("position", shape=(chains, geometry.num_segments, dim), chunks=(cpt, 1, dim),
                           dtype=str(np.dtype(float_dtype)), fill_value=np.nan,
                           dimension_names=["chain", "segment", "unconstrained"])
     return root
@@ -121,49 +130,6 @@ def _coordinate(values: np.ndarray) -> np.ndarray:
     return values.astype(np.dtypes.StringDType()) if values.dtype.kind == "U" else values
 
 
-@dataclass(frozen=True)
-class BlockDestination:
-    """Where one block goes in a store; the worker that ran the block writes it (see :meth:`write`).
-
-    ``path`` must be reachable from the worker: a local path for the embedded cluster, the shared
-    filesystem under Slurm. The driver marks the block done only after the worker
-    reported its write (:func:`mark_done`), so a block interrupted mid-write is written again on resume.
-    """
-
-    path: str
-    layout: Layout
-    chunk: int
-    segment: int
-    run_id: str
-
-    def write(self, block: dict) -> dict:
-        """Write ``posterior``/``sample_stats`` draws and end ``position``; return the shapes written."""
-        shapes = block_shapes(block)
-        check_block(self.layout, self.chunk, self.segment, shapes, self.path)
-        arrays = _arrays(self.path, self.layout, self.run_id)
-        c0, d0 = self.chunk * self.layout.chains_per_task, self.segment * self.layout.draws_per_segment
-        for group in self.layout.groups():
-            for name, values in block[group].items():
-                arrays[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
-        position = block["position"]
-        arrays[f"{INTERNAL}/position"][c0:c0 + position.shape[0], self.segment] = position
-        return shapes
-
-
-_OPEN: dict[tuple[str, str], dict] = {}
-
-
-def _arrays(path: str, layout: Layout, run_id: str) -> dict:
-    """The store's block arrays, opened once per process and run (opening reads metadata from disk)."""
-    key = (path, run_id)
-    if key not in _OPEN:
-        root = zarr.open_group(path, mode="r+")
-        names = [f"{g}/{n}" for g, specs in layout.groups().items() for n in specs]
-        _OPEN.clear()  # one run at a time per worker process keeps no stale handles
-        _OPEN[key] = {name: root[name] for name in [*names, f"{INTERNAL}/position"]}
-    return _OPEN[key]
-
-
 def _compression(name: str, dtype) -> dict:
     """Draws in floating point are stored raw: zstd saves under 10% of their bytes and costs ~1/4 of a
     block's write (measured: 34 -> 26 ms per 1024 x 100 block, +9% on disk); integers, booleans and the
@@ -171,108 +137,9 @@ def _compression(name: str, dtype) -> dict:
     return {"compressors": None} if np.dtype(dtype).kind == "f" and name != "step_size" else {}
 
 
-def block_shapes(block: dict) -> dict:
-    """``{"posterior/x": (chains, draws, ...), ..., "position": (chains, dim)}`` of a block."""
-    shapes = {f"{g}/{k}": tuple(np.shape(v)) for g, values in block.items() if g != "position"
-              for k, v in values.items()}
-    return {**shapes, "position": tuple(np.shape(block["position"]))}
-
-
-def check_block(layout: Layout, chunk: int, segment: int, shapes: dict, where) -> None:
-    """Raise :class:`StoreError` unless a block's arrays have exactly the shapes its place in ``layout`` needs."""
-    chains = min(layout.chains_per_task, layout.chains - chunk * layout.chains_per_task)
-    draws = min(layout.draws_per_segment, layout.draws - segment * layout.draws_per_segment)
-    expected = {f"{g}/{k}": (chains, draws, *s.shape) for g, specs in layout.groups().items() for k, s in specs.items()}
-    got = {k: v for k, v in shapes.items() if k != "position"}
-    if got != expected or len(shapes.get("position", ())) != 2 or shapes["position"][0] != chains:
-        wrong = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k)) or ["position"]
-        raise StoreError(f"block (chunk {chunk}, segment {segment}) for {where} has the wrong shape for "
-                         f"{wrong[0]}: got {got.get(wrong[0], shapes.get('position'))}, expected "
-                         f"{expected.get(wrong[0], (chains, '...'))}; nothing of it was marked done")
-
-
-def mark_done(root: zarr.Group, chunk: int, segment: int, where: dict | None = None) -> None:
-    """Mark a block done, after its draws and end positions are in the store; ``where``: its host and worker."""
-    for name, value in (where or {}).items():
-        if name in WHERE and name in root[INTERNAL]:  # a store of an older dhmc has no such record
-            root[f"{INTERNAL}/{name}"][chunk, segment] = str(value)
-    root[f"{INTERNAL}/done"][chunk, segment] = 1
-
-
-def _per_block(root: zarr.Group) -> list:
-    """The ``(chunk, segment)`` arrays of the internal group: done flags, and hosts and workers where kept."""
-    return [root[f"{INTERNAL}/{name}"] for name in ("done", *WHERE) if name in root[INTERNAL]]
-
-
 def blocks_done(root: zarr.Group) -> np.ndarray:
     """Boolean ``(chunks, segments)``: which blocks are completely on disk."""
     return root[f"{INTERNAL}/done"][...].astype(bool)
-
-
-def read_head(root: zarr.Group, layout: Layout, chunk: int, segment: int, chains: int) -> dict:
-    """``{name: draws}`` of a done block's first ``chains`` chains (for the ``draws="auto"`` rule)."""
-    c0, d0 = chunk * layout.chains_per_task, segment * layout.draws_per_segment
-    d1 = min(d0 + layout.draws_per_segment, layout.draws)
-    return {name: root[f"posterior/{name}"][c0:c0 + chains, d0:d1] for name in layout.posterior}
-
-
-def trim(root: zarr.Group, layout: Layout, segments: int) -> Layout:
-    """Cut a store to its first ``segments`` segments (arrays, done flags, layout); return the new layout.
-
-    Zarr deletes the chunks beyond the new shapes, so the store is a complete one of fewer draws.
-    """
-    draws = min(segments * layout.draws_per_segment, layout.draws)
-    for group, specs in layout.groups().items():
-        for name, spec in specs.items():
-            root[f"{group}/{name}"].resize((layout.chains, draws, *spec.shape))
-        root[f"{group}/draw"].resize((draws,))
-    for array in _per_block(root):
-        array.resize((layout.num_chunks, segments))
-    position = root[f"{INTERNAL}/position"]
-    position.resize((layout.chains, segments, position.shape[2]))
-    new = replace(layout, draws=draws)
-    root.attrs.update({"dhmc_layout": _layout_to_json(new)})
-    return new
-
-
-def trim_warmup(root: zarr.Group, layout: Layout, iterations: int) -> Layout:
-    """Cut the ``warmup_posterior`` group to the ``iterations`` an automatic warmup ran; return the new layout."""
-    for name, spec in layout.posterior.items():
-        root[f"warmup_posterior/{name}"].resize((layout.chains, iterations, *spec.shape))
-    root["warmup_posterior/draw"].resize((iterations,))
-    new = replace(layout, warmup_draws=iterations)
-    root.attrs.update({"dhmc_layout": _layout_to_json(new)})
-    return new
-
-
-def extend(path, draws: int) -> None:
-    """Make room in a finished store for ``draws`` more draws per chain; a resume then samples them.
-
-    Segments keep their length. A last segment shorter than the others is marked to be sampled
-    again in full (its end position is that of a full segment): its draws come out the same, bitwise.
-    The new layout and run spec are written last, so an interrupted extend can be run again.
-    """
-    if isinstance(draws, bool) or not isinstance(draws, int | np.integer) or draws < 1:
-        raise ValueError(f"draws must be a positive integer, got {draws!r}")
-    check_free(path)
-    root, layout = open_store(path)
-    if not blocks_done(root).all():
-        raise StoreError(f"the run in {path} is not finished: dhmc resume {path} first, then extend it")
-    new = replace(layout, draws=layout.draws + int(draws))
-    for group, specs in layout.groups().items():
-        for name, spec in specs.items():
-            root[f"{group}/{name}"].resize((new.chains, new.draws, *spec.shape))
-        coordinate = root[f"{group}/draw"]
-        coordinate.resize((new.draws,))
-        coordinate[layout.draws:] = np.arange(layout.draws, new.draws)
-    done, position = root[f"{INTERNAL}/done"], root[f"{INTERNAL}/position"]
-    for array in _per_block(root):
-        array.resize((new.num_chunks, new.num_segments))
-    if layout.draws % layout.draws_per_segment:
-        done[:, layout.num_segments - 1] = 0
-    position.resize((new.chains, new.num_segments, position.shape[2]))
-    spec = json.loads(root.attrs["dhmc_run_spec"]) | {"draws": new.draws, "target_ess": None, "max_draws": None}
-    root.attrs.update({"dhmc_layout": _layout_to_json(new), "dhmc_run_spec": json.dumps(spec)})
 
 
 def segment_start_positions(root: zarr.Group, segment: int, chains: slice) -> np.ndarray:
@@ -302,6 +169,7 @@ def save_initial_params(root: zarr.Group, params: dict) -> None:
 
 
 def load_initial_params(root: zarr.Group, dtype) -> dict | None:
+    """What :func:`save_initial_params` kept, as ``dtype`` arrays; None if nothing."""
     saved = root.attrs.get("dhmc_initial_params")
     return None if saved is None else {k: np.asarray(v, dtype=dtype) for k, v in saved.items()}
 
@@ -336,18 +204,18 @@ def load_inputs(root: zarr.Group) -> dict[str, dict]:
 
 
 def open_store(path) -> tuple[zarr.Group, Layout]:
-    """Open a dhmc store for resuming; raises :class:`StoreError` saying what is wrong."""
+    """Open a dhmc store for resuming, not through its consolidated metadata; raises :class:`StoreError`."""
     path = Path(path)
     if not path.exists():
         raise StoreError(f"{path} does not exist: not a dhmc store")
     try:
-        root = zarr.open_group(str(path), mode="r+")
+        root = zarr.open_group(str(path), mode="r+", use_consolidated=False)
         attrs = dict(root.attrs)
     except Exception as e:  # noqa: BLE001 - any failure to read the root means not a store
         raise StoreError(f"{path} is not a dhmc store ({type(e).__name__}: {e})") from None
     if attrs.get("inference_library") != "dhmc" or "dhmc_layout" not in attrs:
         raise StoreError(f"{path} is not a dhmc store (no dhmc run spec in its attributes)")
-    layout = _layout_from_json(attrs["dhmc_layout"])
+    layout = layout_from_json(attrs["dhmc_layout"])
     for group, specs in layout.groups().items():
         for name in [*specs, "chain", "draw"]:
             _check_array(root, f"{group}/{name}", path)
@@ -364,19 +232,24 @@ def _check_array(root, key, path):
 
 
 def open_trace(path) -> xr.DataTree:
-    """Open a store lazily as an ArviZ-layout ``xarray.DataTree`` (internal bookkeeping left out)."""
-    tree = xr.open_datatree(str(path), engine="zarr", consolidated=False)
+    """Open a store lazily as an ArviZ-layout ``xarray.DataTree`` (internal bookkeeping left out).
+
+    A finished store opens from its consolidated metadata, one running or interrupted without.
+    """
+    consolidated = zarr.open_group(str(path), mode="r").metadata.consolidated_metadata is not None
+    tree = xr.open_datatree(str(path), engine="zarr", consolidated=consolidated)
     return tree.drop_nodes(INTERNAL)
 
 
-def _layout_to_json(layout: Layout) -> dict:
+def layout_to_json(layout: Layout) -> dict:
+    """``layout`` as the store's ``dhmc_layout`` attribute (its sizes are the run spec's, not repeated here)."""
     return json.loads(json.dumps(asdict(layout)))
 
 
-def _layout_from_json(d: dict) -> Layout:
+def layout_from_json(d: dict) -> Layout:
+    """The :class:`Layout` a store's ``dhmc_layout`` attribute describes."""
     spec = lambda v: VariableSpec(tuple(v["shape"]), v["dtype"], tuple(v["dims"]))
     return Layout(
-        d["chains"], d["draws"], d["chains_per_task"], d["draws_per_segment"],
         {k: spec(v) for k, v in d["posterior"].items()},
         {k: spec(v) for k, v in d["sample_stats"].items()},
         d.get("coords", {}),

@@ -7,10 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dhmc.core import hmc
 from dhmc.core.adaptation import chees_trajectory
 from dhmc.core.adaptation.chees import whitener
 from dhmc.core.adaptation.welford import WelfordState, welford
-from dhmc.core.ensemble import KernelConfig, Params, _transition, chain_keys, find_step_size, init_states
+from dhmc.core.ensemble import KernelConfig, Params, chain_keys, init_states, transition
+from dhmc.core.step_size import find_step_size
 from dhmc.distributed import warmup
 
 
@@ -23,7 +25,7 @@ def _mean_gradient(length: float, step_size: float = 0.05, chains: int = 512, it
 
     def body(states, i):
         start = states.position
-        states, info = _transition(f, KernelConfig(), keys, states, params, i)
+        states, info = transition(f, KernelConfig(), keys, states, params, i)
         new = ch.update(ch.init(params.trajectory_length), info.n_steps[0] * params.step_size, params.step_size,
                         start, info.proposal, info.proposal_velocity, info.acceptance_rate, info.diverging,
                         whitener(params.inverse_mass_matrix), jnp.float32(1e6))
@@ -49,9 +51,9 @@ def test_the_step_search_stays_below_the_leapfrog_stability_edge():
     f = lambda x: -0.5 * x @ precision @ x
     x = np.random.default_rng(0).multivariate_normal(np.zeros(2), cov, size=128)
     states = init_states(f, jnp.asarray(x, jnp.float32))
-    eps = float(find_step_size(f, states, jnp.ones(2), KernelConfig()))
+    eps = float(find_step_size(f, hmc.build_kernel(), states, jnp.ones(2), 0.8))
     assert 0.02 < eps < 0.0632
-    around = float(find_step_size(f, states, jnp.ones(2), KernelConfig(), jnp.float32(0.3)))
+    around = float(find_step_size(f, hmc.build_kernel(), states, jnp.ones(2), 0.8, jnp.float32(0.3)))
     assert 0.02 < around < 0.0632
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dhmc.core import hmc
+from dhmc.core import hmc, metropolis
 from dhmc.core.adaptation import dual_averaging, halton, welford
 from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
 from dhmc.core.integrators import IntegratorState, kinetic_energy, leapfrog
@@ -34,7 +34,7 @@ def test_leapfrog_is_reversible_and_nearly_conserves_energy():
 
 def test_kernel_flags_divergences_and_rejects_them():
     f = gaussian([1.0])
-    state = hmc.init(jnp.array([1.0]), f)
+    state = metropolis.init(jnp.array([1.0]), f)
     kernel = hmc.build_kernel(divergence_threshold=10.0)
     new, info = kernel(jax.random.PRNGKey(0), state, f, 50.0, jnp.ones(1), 5)
     assert bool(info.diverging) and float(info.acceptance_rate) < 1e-3
@@ -47,7 +47,7 @@ def test_a_proposal_whose_log_density_overflows_to_plus_inf_is_a_divergence():
     def overflowing(x):  # +inf past |x| = 2, as a float32 quadratic form of mixed signs can give
         return jnp.where(jnp.abs(x[0]) > 2.0, jnp.inf, -0.5 * jnp.sum(x**2))
 
-    state = hmc.init(jnp.array([1.5]), overflowing)
+    state = metropolis.init(jnp.array([1.5]), overflowing)
     kernel = hmc.build_kernel()
     for seed in range(20):
         new, info = kernel(jax.random.PRNGKey(seed), state, overflowing, 3.0, jnp.ones(1), 1)

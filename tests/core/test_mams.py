@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mc_checks import within_correlation_error, within_mc_error
 
-from dhmc.core import hmc, mams
+from dhmc.core import mams, metropolis
 from dhmc.core.adaptation import welford
 from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
 
@@ -39,7 +39,7 @@ def test_the_velocity_stays_unit_and_turns_towards_the_gradient():
 
 def test_isokinetic_steps_conserve_energy_as_step_size_shrinks():
     """The Metropolis energy error falls as O(eps^2) over a fixed time: the integrator is second order."""
-    state = hmc.init(jnp.array([0.5, 2.0, -0.05]), correlated)
+    state = metropolis.init(jnp.array([0.5, 2.0, -0.05]), correlated)
     kernel = mams.build_kernel()
     inv_mass = jnp.asarray(np.diag(COV))
     errors = []

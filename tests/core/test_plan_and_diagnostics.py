@@ -1,28 +1,29 @@
-"""The chunk plan (pure) and the diagnostics dhmc computes itself."""
+"""The run geometry (pure) and the diagnostics dhmc computes itself."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dhmc.diagnostics import nested_rhat
-from dhmc.distributed.plan import Plan, default_chains_per_task, default_draws_per_segment
+from dhmc.distributed.monitor import ConvergenceMonitor
 from dhmc.distributed.warmup import auto_rounds, fixed_rounds
-from dhmc.distributed.worker import chain_moments
-from dhmc.observe.convergence import RunningConvergence
+from dhmc.geometry import Geometry, default_chains_per_task, default_draws_per_segment
 
 
 @pytest.mark.parametrize("chains", [1, 7, 64, 256, 1000, 1024, 65536])
 def test_chunks_cover_every_chain_once(chains):
     cpt = default_chains_per_task(chains)
-    plan = Plan(chains, 100, 10, cpt, 50)
+    plan = Geometry(chains, 100, cpt, 50)
     covered = [i for c in range(plan.num_chunks) for i in plan.chunk(c)]
     assert covered == list(range(chains))
 
 
 def test_segments_and_rounds_add_up():
     dps = default_draws_per_segment(1000, 128, 64)
-    plan = Plan(256, 1000, 0, 128, dps)
+    plan = Geometry(256, 1000, 128, dps)
     assert sum(len(plan.segment(s)) for s in range(plan.num_segments)) == 1000
     assert sum(fixed_rounds(1000)) == 1000 and len(fixed_rounds(1000)) == 5
     assert fixed_rounds(50) == [50] and fixed_rounds(0) == []
@@ -38,14 +39,25 @@ def test_nested_rhat_detects_a_stuck_superchain():
     assert nested_rhat(bad, 8) > 1.1
 
 
-def test_running_convergence_flags_disagreeing_chains():
+def test_the_monitor_measures_every_scalar_and_flags_disagreeing_chains():
+    """One monitor per run: per-scalar split and nested R-hat and ESS, the extremes, and the auto rule's verdict."""
     rng = np.random.default_rng(1)
-    ok, stuck = RunningConvergence(32, 4, 8), RunningConvergence(32, 4, 8)
+    spec = SimpleNamespace(chains=32, target_ess=None, geometry=Geometry(32, 200, 8, 50))
+    ok, stuck = ConvergenceMonitor(spec, sink=None), ConvergenceMonitor(spec, sink=None)
     for seg in range(4):
         for chunk in range(4):
-            x = rng.normal(size=(8, 50, 2))
-            ok.add(chunk, seg, chain_moments({"x": x}))
-            stuck.add(chunk, seg, chain_moments({"x": x + (3.0 if chunk == 0 else 0.0)}))
-    assert ok.report()["x[0]"]["rhat"] < 1.02
-    assert stuck.report()["x[0]"]["rhat"] > 1.1
-    assert 0 < ok.report()["x[1]"]["ess_bulk"] <= 32 * 200
+            x = rng.normal(size=(8, 50, 2, 2))
+            ok.add(chunk, seg, {"posterior": {"x": x, "s": x[..., 0, 0]}})
+            stuck.add(chunk, seg, {"posterior": {"x": x + (3.0 if chunk == 0 else 0.0), "s": x[..., 0, 0]}})
+    good, bad = ok.measure(4), stuck.measure(4)
+    assert list(good["params"]) == ["x[0,0]", "x[0,1]", "x[1,0]", "x[1,1]", "s"]
+    assert good["max_rhat"] < 1.02 and good["max_nested_rhat"] < 1.02 and good["draws"] == 200
+    assert 0.5 * 32 * 200 < good["params"]["x[1,1]"]["ess_bulk"] < 1.5 * 32 * 200  # independent draws
+    assert good["min_ess"] == min(min(p["ess_bulk"], p["ess_tail"]) for p in good["params"].values())
+    assert bad["params"]["x[0,1]"]["nested_rhat"] > 1.1 and bad["params"]["s"]["nested_rhat"] < 1.05
+    assert bad["worst"].startswith("x[") and bad["max_nested_rhat"] > 1.1
+    assert ok.final() == {k: good[k] for k in ("max_rhat", "max_nested_rhat", "worst", "chains", "draws", "min_ess")}
+    auto = ConvergenceMonitor(SimpleNamespace(**{**vars(spec), "target_ess": 1000.0}), sink=None)
+    auto.heads = ok.heads
+    verdict = auto.measure(4)
+    assert verdict["converged"] and verdict["remaining"] == 0 and verdict["max_rhat"] == verdict["max_nested_rhat"]

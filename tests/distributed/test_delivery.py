@@ -113,7 +113,7 @@ def test_an_unpicklable_target_is_named_before_any_work():
 def test_an_embedded_cluster_off_loopback_uses_tls_and_refuses_strangers():
     from distributed.security import Security
 
-    from dhmc.distributed.clusters import connect
+    from dhmc.distributed.connect import connect
     from dhmc.distributed.network import route_to
 
     try:

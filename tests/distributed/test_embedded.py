@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dhmc.core.ensemble import KernelConfig
-from dhmc.distributed import worker
+from dhmc.distributed import program
 from dhmc.models import LogDensityTarget
 
 
@@ -37,15 +37,15 @@ def test_driver_compiled_executables_give_bitwise_the_same_draws(client2):
 def test_an_executable_for_another_backend_is_compiled_here_instead():
     target = LogDensityTarget(logdensity, {"x": jnp.zeros(3)}, name="t")
     config = KernelConfig(kind="hmc", num_steps=4, target_accept=0.8, dense_mass=False)
-    blob = worker.precompile(target.build(), config, "sample", 10, 16, False)
+    blob = program.precompile(target.build(), config, "sample", 10, 16, False)
     backend, payload = cloudpickle.loads(blob)
     assert backend == "cpu"
-    assert worker._load(cloudpickle.dumps(("not-" + backend, payload))) is None
-    assert worker._load(b"garbage") is None
+    assert program.load_executable(cloudpickle.dumps(("not-" + backend, payload))) is None
+    assert program.load_executable(b"garbage") is None
 
 
 def test_a_killed_embedded_worker_is_restarted():
-    from dhmc.distributed.clusters import connect
+    from dhmc.distributed.connect import connect
 
     client, close = connect(None, {"n_workers": 2})
     try:
@@ -74,9 +74,10 @@ def _gp_logdensity(p):
 LOAD_IN_A_FRESH_PROCESS = """
 import sys, cloudpickle, numpy as np, jax.numpy as jnp
 from dhmc.distributed import worker
+from dhmc.distributed.program import load_executable
 from dhmc.core.ensemble import Params
 worker.prepare_process()
-program = worker._load(open(sys.argv[1], "rb").read())
+program = load_executable(open(sys.argv[1], "rb").read())
 assert program is not None, "the executable did not load"
 params = Params(jnp.float32(0.1), jnp.eye(4, dtype=jnp.float32), jnp.float32(0.3))
 end, out = program(jnp.uint32(0), jnp.arange(16, dtype=jnp.uint32), jnp.zeros((16, 4), jnp.float32), params,
@@ -92,7 +93,7 @@ def test_an_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
 
     model = LogDensityTarget(_gp_logdensity, {"z": jnp.zeros(4)}, name="gp").build()
     config = KernelConfig(kind="hmc", num_steps=3, target_accept=0.8, dense_mass=True)
-    (tmp_path / "exe.bin").write_bytes(worker.precompile(model, config, "sample", 10, 16, True))
+    (tmp_path / "exe.bin").write_bytes(program.precompile(model, config, "sample", 10, 16, True))
     (tmp_path / "load.py").write_text(LOAD_IN_A_FRESH_PROCESS)
     run = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path / "exe.bin")],
                          capture_output=True, text=True, timeout=120)

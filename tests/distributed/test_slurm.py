@@ -279,6 +279,7 @@ def test_a_cancelled_job_is_replaced_and_the_draws_are_bitwise_unchanged(local_s
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_lost_jobs_are_not_replaced_past_the_budget_and_the_run_ends(local_slurm, tmp_path, hold):
     import uuid
 
@@ -360,6 +361,7 @@ def regression(x, y=None):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_a_users_module_runs_in_slurm_jobs_from_the_command_line(local_slurm, tmp_path):
     """What the sbatch driver runs: ``dhmc sample pkg.module:function --data`` with Slurm workers, which
     never import the user's module (it travels by value)."""

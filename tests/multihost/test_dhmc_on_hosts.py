@@ -139,7 +139,7 @@ def test_a_run_spreads_over_three_hosts_with_the_default_config_over_tls(referen
 def test_the_scheduler_and_workers_refuse_a_client_or_worker_without_the_certificate(multihost, tmp_path):
     from distributed.security import Security
 
-    from dhmc.distributed.clusters import connect
+    from dhmc.distributed.connect import connect
 
     client, close = connect("slurm", _options(tmp_path, f"dhmc-tls-{uuid.uuid4().hex[:6]}", jobs=1))
     try:
@@ -281,7 +281,7 @@ def test_weak_scaling_across_hosts_says_they_share_one_machine(multihost, tmp_pa
     hosts = [run["hosts"] for run in study["runs"]]
     assert [len(h) for h in hosts] == [1, 2, 3] and set(hosts[-1]) == set(multihost.nodes.values()), hosts
     assert {run["machines"] for run in study["runs"]} == {1}  # namespaces of one machine: the plot says so
-    from dhmc.observe.plots import _subtitle
+    from dhmc.scaling.plot_data import subtitle as _subtitle
 
     assert "3 hosts share one machine's" in _subtitle([study])
     assert {p.name for p in out.glob("*.png")} == {"speedup.png", "efficiency.png", "time_per_chain.png"}

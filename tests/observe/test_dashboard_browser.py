@@ -99,3 +99,31 @@ def test_dashboard_renders_worker_rates(harness, tmp_path):
         harness.client.gather(futures)
         shutil.rmtree(tmp_path / "profile-dom", ignore_errors=True)
         shutil.rmtree(tmp_path / "profile-shot", ignore_errors=True)
+
+
+PARAM_RE = re.compile(r'<tr data-param="([^"]+)">')
+
+
+def test_convergence_table_sorts_naturally_and_worst_first(harness, tmp_path):
+    install(harness.client)
+    names = [f"x[{i}]" for i in range(40)]
+    rhat = {name: 1.0 + ((7 * i) % 40) / 1000 for i, name in enumerate(names)}  # worst are not the first names
+    ess = {name: 50.0 + (11 * i) % 40 for i, name in enumerate(names)}
+    conv = {name: {"rhat": rhat[name], "ess_bulk": ess[name]} for name in names}
+    record = {"run_id": "wide-run", "phase": "sampling", "blocks_done": 3, "blocks_total": 9, "chains": 64,
+              "draws_done": 300, "draws_total": 900, "elapsed_s": 3.0, "convergence": conv}
+    publish_progress(harness.client, record)
+    harness.wait_for(lambda: harness.get_json("/dhmc/api/progress").get("wide-run", {}).get("blocks_done") == 3)
+    url = f"http://127.0.0.1:{harness.port}/dhmc"
+
+    def shown(fragment: str, name: str) -> list[str]:
+        dom = _chromium(url + fragment, tmp_path / f"profile-{name}", "--dump-dom")
+        assert dom.returncode == 0, dom.stderr[-3000:]
+        return PARAM_RE.findall(re.sub(r"<script.*?</script>", "", dom.stdout, flags=re.S))
+
+    by_rhat = sorted(names, key=lambda n: -rhat[n])
+    assert shown("", "auto") == by_rhat[:16]  # more rows than fit: the worst R-hat first
+    assert shown("#sort=name&all=1", "name") == names  # natural order: x[2] before x[10]
+    assert shown("#sort=ess", "ess") == sorted(names, key=lambda n: ess[n])[:16]
+    for name in ("auto", "name", "ess"):
+        shutil.rmtree(tmp_path / f"profile-{name}", ignore_errors=True)

@@ -10,26 +10,21 @@ import textwrap
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from dhmc.observe.block_stats import METRIC_KEYS, RATE_FADE_S, RATE_HOLD_S, BlockStats
 from dhmc.observe.dashboard import (
     PROGRESS_TOPIC,
     SCHEDULER_PLUGIN_NAME,
     _http_prefix,
     _route_patterns,
     add_routes,
+    page_url,
     publish_progress,
 )
-from dhmc.observe.metrics import (
-    METRIC_KEYS,
-    RATE_FADE_S,
-    RATE_HOLD_S,
-    WORKER_PLUGIN_NAME,
-    BlockStats,
-    install,
-    record_block,
-)
+from dhmc.observe.metrics import WORKER_PLUGIN_NAME, install, record_block
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -226,11 +221,38 @@ def test_bokeh_workers_table_shows_dhmc_columns(harness):
     assert {"dhmc_chain_draws_per_s", "dhmc_grad_evals_per_s", "dhmc_blocks_done"} <= set(table.extra_names)
 
 
+@pytest.mark.parametrize(
+    ("link", "url"),
+    [
+        ("http://127.0.0.1:8787/status", "http://127.0.0.1:8787/dhmc"),
+        ("https://host:8787/foo/status/", "https://host:8787/foo/dhmc"),  # a prefix stays
+        ("http://hub/user/ann/proxy/8787/status?token=t", "http://hub/user/ann/proxy/8787/dhmc?token=t"),
+        ("http://host:8787", "http://host:8787/dhmc"),
+        ("http://host:8787/foo/", "http://host:8787/foo/dhmc"),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_page_url_replaces_status_with_dhmc(link, url):
+    assert page_url(SimpleNamespace(dashboard_link=link)) == url
+
+
+def test_page_url_without_a_dashboard():
+    class NoDashboard:
+        @property
+        def dashboard_link(self):
+            raise KeyError("dashboard")  # what Client.dashboard_link raises when the scheduler serves none
+
+    assert page_url(NoDashboard()) is None
+
+
 def test_routes_honour_http_prefix():
-    """A scheduler started with ``http_prefix`` gets the routes under that prefix."""
+    """A scheduler started with ``http_prefix`` gets the routes under that prefix; ``page_url`` finds the page."""
+    import dask
     from distributed import Client, LocalCluster
 
     with (
+        dask.config.set({"distributed.dashboard.link": "{scheme}://{host}:{port}/foo/status"}),
         LocalCluster(
             n_workers=0,
             processes=False,
@@ -245,6 +267,10 @@ def test_routes_honour_http_prefix():
         port = client.scheduler_info()["services"]["dashboard"]
         assert json.loads(_get(port, "/foo/dhmc/api/workers")) == []
         assert len(_get(port, "/foo/dhmc")) > 500
+        url = page_url(client)
+        assert url == f"http://127.0.0.1:{port}/foo/dhmc"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert "<title>dhmc" in r.read().decode()
 
 
 def _get(port: int, path: str) -> bytes:

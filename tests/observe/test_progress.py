@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from dhmc.distributed.plan import Plan
+from dhmc.geometry import Geometry
 from dhmc.observe.progress import DashboardLink, Progress
 
 
@@ -14,11 +14,11 @@ class Client:
 
 def test_bar_counts_warmup_blocks_then_chain_draws_with_rate_and_auto_postfix():
     stream = io.StringIO()
-    plan = Plan(chains=64, draws=100, warmup=50, chains_per_task=32, draws_per_segment=50)
+    plan = Geometry(chains=64, draws=100, chains_per_task=32, draws_per_segment=50)
     progress = Progress(stream)
     progress.start_run(Client(), "run", plan)
     for chunk in range(2):
-        progress.warmup_block(0, 1, chunk + 1, 2)
+        progress.warmup_block(0, 1, chunk, {}, chunk + 1, 2)
     for segment in range(2):
         for chunk in range(2):
             progress.sample_block(chunk, segment, {}, 32 * 50)
@@ -34,4 +34,4 @@ def test_bar_counts_warmup_blocks_then_chain_draws_with_rate_and_auto_postfix():
 def test_dashboard_link_is_printed_without_a_bar():
     stream = io.StringIO()
     DashboardLink(stream).start_run(Client(), "run", None)
-    assert stream.getvalue() == "dhmc: dashboard http://127.0.0.1:8787/status\n"
+    assert stream.getvalue() == "dhmc: dashboard http://127.0.0.1:8787/dhmc\n"

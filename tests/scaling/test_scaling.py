@@ -13,8 +13,9 @@ import time
 import pytest
 
 from dhmc import scaling
-from dhmc.observe import plots
+from dhmc.scaling import plots
 from dhmc.scaling.clusters import Clusters
+from dhmc.scaling.plot_data import point_note
 from dhmc.scaling.report import derive
 
 RUN_KEYS = {"workers", "chains", "draws", "seconds", "seconds_min", "seconds_max", "chain_draws_per_s", "speedup",
@@ -199,7 +200,7 @@ def test_faster_than_linear_is_marked_suspect(tmp_path, kind):
     assert "more than 2x" in two["suspect_detail"] and "slower while the baseline ran" in two["suspect_detail"]
     assert two["block_seconds_vs_baseline"] == pytest.approx(0.5 / 0.6)
     assert all(r["suspect"] is None for r in study["runs"] if r is not two)
-    assert "suspect: superlinear" in plots._busy(two)
+    assert "suspect: superlinear" in point_note(two)
     plots.plot_study(study, tmp_path)
 
 
@@ -229,6 +230,6 @@ def test_machine_info_and_no_jax_at_import():
     info = scaling.machine_info()
     assert {"cpu_count", "cpu_model", "platform", "versions", "cores_available"} <= set(info)
     assert "dask" in info["versions"] and "jax" in info["versions"]
-    code = ("import sys, dhmc.scaling, dhmc.observe.plots; "
+    code = ("import sys, dhmc.scaling, dhmc.scaling.plots; "
             "bad = [m for m in ('jax', 'matplotlib', 'dhmc.api') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

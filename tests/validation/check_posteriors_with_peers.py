@@ -1,6 +1,6 @@
 """Independent check of the reference-posterior definitions in ``posteriors.py`` (no dhmc involved).
 
-Run as ``python tests/validation/check_posteriors_with_peers.py [--only kidiq,arK] [--quick]``.
+Run from the repository root as ``python -m tests.validation.check_posteriors_with_peers [--only kidiq,arK] [--quick]``.
 
 For each posterior it
 
@@ -27,14 +27,14 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from compare import compare  # noqa: E402
-from posteriors import (  # noqa: E402
+
+from tests.validation.compare import compare  # noqa: E402
+from tests.validation.posteriors import (  # noqa: E402
     REFERENCE_POSTERIORS,
     ReferencePosterior,
     _data,

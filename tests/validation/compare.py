@@ -23,10 +23,7 @@ from typing import Any
 
 import numpy as np
 
-try:  # importing from the test directory or as part of a package
-    from posteriors import reference_moments, stan_parameter_names
-except ImportError:  # pragma: no cover
-    from .posteriors import reference_moments, stan_parameter_names
+from tests.validation.posteriors import reference_moments, stan_parameter_names
 
 Z_THRESHOLD = 4.5
 # posteriordb's reference draws (10 chains x 1000 thinned draws) are precise to about 1% of an sd, whatever

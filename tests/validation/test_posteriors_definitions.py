@@ -17,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compare import assert_matches_reference, compare
-from posteriors import (
+
+from tests.validation import posteriors
+from tests.validation.compare import assert_matches_reference, compare
+from tests.validation.posteriors import (
     ENV_VAR,
     REFERENCE_POSTERIORS,
     get,
@@ -206,8 +208,6 @@ def test_compare_detects_errors():
 
 
 def test_env_var_override(monkeypatch, tmp_path):
-    import posteriors
-
     real = posteriors.reference_root()
     monkeypatch.setenv(ENV_VAR, str(tmp_path))
     assert posteriors.reference_root() == tmp_path.resolve()
@@ -231,8 +231,6 @@ FILES = [
 
 
 def test_default_root_is_the_copy_in_the_repository(monkeypatch):
-    import posteriors
-
     monkeypatch.delenv(ENV_VAR, raising=False)
     root = posteriors.reference_root()
     here = Path(posteriors.__file__).resolve().parent
@@ -248,8 +246,6 @@ def test_default_root_is_the_copy_in_the_repository(monkeypatch):
 
 
 def test_load_json_reads_gzip_when_plain_file_absent(monkeypatch, tmp_path):
-    import posteriors
-
     folder = tmp_path / "p"
     folder.mkdir()
     with gzip.open(folder / "a.json.gz", "wt", encoding="utf-8") as f:
@@ -268,8 +264,6 @@ def test_load_json_reads_gzip_when_plain_file_absent(monkeypatch, tmp_path):
 
 
 def test_unavailable_reason_says_how_to_fix(monkeypatch, tmp_path):
-    import posteriors
-
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "missing"))
     assert not posteriors.reference_available()
     reason = posteriors.unavailable_reason()

@@ -16,11 +16,11 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from compare import compare
-from posteriors import REFERENCE_POSTERIORS
 
 import dhmc
 from dhmc import diagnostics
+from tests.validation.compare import compare
+from tests.validation.posteriors import REFERENCE_POSTERIORS
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from dhmc.types import Array
 
-__all__ = ["halton", "CheesState", "chees_trajectory", "whitener"]
+__all__ = ["halton", "whitener", "CheesState", "Chees", "chees_trajectory"]
 
 
 def halton(index: Array, base: int = 2) -> Array:
@@ -49,6 +49,8 @@ def whitener(inverse_mass_matrix: Array):
 
 
 class CheesState(NamedTuple):
+    """The adapted ``log T``, its running average (what ``final`` returns) and Adam's moments."""
+
     log_length: Array
     log_length_avg: Array
     adam_m: Array
@@ -57,6 +59,8 @@ class CheesState(NamedTuple):
 
 
 class Chees(NamedTuple):
+    """The pure functions :func:`chees_trajectory` returns."""
+
     init: callable
     update: callable
     final: callable

@@ -8,8 +8,12 @@ import jax.numpy as jnp
 
 from dhmc.types import Array
 
+__all__ = ["DualAveragingState", "DualAveraging", "dual_averaging"]
+
 
 class DualAveragingState(NamedTuple):
+    """The current and averaged log step size, the averaged error, the update count and the shrink target."""
+
     log_step_size: Array
     log_step_size_avg: Array
     error_avg: Array
@@ -18,6 +22,8 @@ class DualAveragingState(NamedTuple):
 
 
 class DualAveraging(NamedTuple):
+    """The pure functions :func:`dual_averaging` returns."""
+
     init: callable
     update: callable
     final: callable

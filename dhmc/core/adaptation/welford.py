@@ -12,14 +12,20 @@ import jax.numpy as jnp
 
 from dhmc.types import Array
 
+__all__ = ["WelfordState", "Welford", "welford"]
+
 
 class WelfordState(NamedTuple):
+    """Count, mean and summed squared deviations of the positions seen so far."""
+
     count: Array
     mean: Array
     m2: Array  # sum of squared deviations: (d,) diagonal or (d, d) dense
 
 
 class Welford(NamedTuple):
+    """The pure functions :func:`welford` returns."""
+
     init: callable
     update: callable
     merge: callable

@@ -1,16 +1,18 @@
-"""Cluster backends: the embedded local cluster, dask-cuda, dask-jobqueue's Slurm, or a given one.
+"""The embedded cluster: an in-process scheduler and one pinned ``dask spec`` worker process per core.
 
-``connect(cluster)`` returns a ``Client`` and a closer; dhmc closes only what it started.
+The driver supervises the worker processes itself: it restarts one that dies and keeps a
+:class:`WorkerDeath` record of it, with the last lines it wrote, for crash reports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
-import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -18,19 +20,13 @@ import weakref
 from contextlib import suppress
 from dataclasses import dataclass
 
-import dask.config
-from distributed import Client, Scheduler, SpecCluster
+from distributed import Scheduler, SpecCluster
 from distributed.core import Status
-from distributed.deploy.cluster import Cluster
 from distributed.deploy.subprocess import SubprocessWorker
 
-from dhmc.distributed import config, network
-from dhmc.distributed.slurm import slurm_cluster
-from dhmc.errors import ClusterError
+from dhmc.distributed import network
 
-logger = logging.getLogger(__name__)
-
-KINDS = ("local", "cuda", "slurm")
+__all__ = ["local_cluster", "EmbeddedCluster", "PinnedWorker", "WorkerDeath", "available_cores"]
 
 
 @dataclass(frozen=True)
@@ -75,9 +71,6 @@ class PinnedWorker(SubprocessWorker):
         super().__init__(scheduler, **kwargs)
 
     async def _spawn(self):
-        import json
-        import shutil
-
         cmd = [sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler,
                "--spec", json.dumps({"cls": self.worker_class, "opts": self.worker_kwargs})]
         taskset = shutil.which("taskset")
@@ -172,8 +165,6 @@ class EmbeddedCluster(SpecCluster):
 
 
 def _free_port(host: str) -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -217,91 +208,3 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
                                                "protocol": protocol, "security": security}}
     return EmbeddedCluster(workers=workers, scheduler=scheduler, name="dhmc-local", silence_logs=40,
                            scheduler_address=f"{protocol}://{host}:{port}", log_dir=log_dir, security=security)
-
-
-def cuda_cluster(n_workers=None, host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_fraction=0.8,
-                 **kwargs):
-    """``dask_cuda.LocalCUDACluster``: one worker per GPU, JAX confined to its GPU."""
-    try:
-        from dask_cuda import LocalCUDACluster
-    except ImportError:
-        raise ClusterError("cluster='cuda' needs dask-cuda: pip install 'dhmc[cuda]'") from None
-    # LocalCUDACluster rotates CUDA_VISIBLE_DEVICES per worker; its env= replaces (not extends) the
-    # environment it passes, so set JAX's variables in this process and let workers inherit them.
-    os.environ.setdefault("JAX_CUDA_VISIBLE_DEVICES", "0")  # each worker's first visible GPU is its own
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    os.environ.setdefault("XLA_CLIENT_MEM_FRACTION", str(memory_fraction))
-    security = network.security_for(host, kwargs.pop("security", None))
-    if security is not None:
-        kwargs.update(security=security, protocol="tls://")
-    return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1, host=host,
-                            dashboard_address=dashboard_address, resources={"GPU": 1}, **kwargs)
-
-
-def expected_workers(cluster) -> int:
-    """How many workers a cluster dhmc started will have."""
-    if isinstance(cluster, SpecCluster) and cluster.worker_spec:
-        return len(cluster.worker_spec)
-    return 1
-
-
-_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://|^[\w.\-]+:\d+$")
-
-
-def connect(cluster=None, options: dict | None = None):
-    """Return ``(client, close)`` for a cluster spec.
-
-    ``cluster`` is None or ``"local"`` (embedded), ``"cuda"``, ``"slurm"``, a scheduler address,
-    a ``Client`` or a ``Cluster``. ``close()`` shuts down only what this call started.
-    """
-    if isinstance(cluster, Client):
-        return cluster, lambda: None
-    if isinstance(cluster, Cluster):
-        client = Client(cluster, set_as_default=False)
-        return client, client.close
-    if cluster is None or cluster in KINDS:
-        kind = cluster or "local"
-        builder = {"local": local_cluster, "cuda": cuda_cluster, "slurm": slurm_cluster}[kind]
-        opts = config.cluster_options(kind, options)
-        # A block that killed this many workers ends the run (WorkerCrashError) instead of being retried,
-        # and blocks fail once the cluster has had no worker for this long (NoWorkersError), never hang
-        limits = {"distributed.scheduler.allowed-failures": max(0, int(config.get("worker-crashes")) - 1),
-                  "distributed.scheduler.no-workers-timeout": config.get("no-workers-timeout")}
-        with dask.config.set(limits):
-            started = builder(**opts)
-        client = Client(started, set_as_default=False)
-        n = opts.get("jobs") if kind == "slurm" else expected_workers(started)
-        try:
-            client.wait_for_workers(n or 1, timeout=300 if kind == "slurm" else 120)
-        except Exception:
-            _close(client, started)
-            raise
-        return client, lambda: _close(client, started)
-    if isinstance(cluster, str) and _ADDRESS.search(cluster):
-        timeout = config.get("connect-timeout")
-        try:
-            client = Client(cluster, timeout=timeout, set_as_default=False)
-        except (OSError, TimeoutError) as e:
-            raise ClusterError(f"cannot reach the scheduler at {cluster} within {timeout} s ({e})") from None
-        return client, client.close
-    raise ValueError(f"cluster must be None, one of {', '.join(KINDS)}, a scheduler address, a Client or a "
-                     f"Cluster; got {cluster!r}")
-
-
-def _close(client, cluster):
-    """Close what dhmc started, quietly: connections dropped while shutting down are not news."""
-    loggers = [logging.getLogger(name) for name in ("distributed", "tornado", "asyncio")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        with suppress(Exception):
-            client.close()
-        with suppress(Exception):
-            cluster.close()
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-__all__ = ["connect", "local_cluster", "cuda_cluster", "ClusterError", "KINDS"]

@@ -16,6 +16,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from dhmc.scaling.plot_data import chains_knee, point_note, study_series, subtitle
+
+__all__ = ["load", "plot_study", "plot_studies"]
+
 MARKERS = "osD^vP*X"
 
 
@@ -42,7 +46,7 @@ def plot_studies(studies: Sequence[dict], out: str | os.PathLike) -> list[Path]:
     (kind,) = kinds
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    series = _series(studies)
+    series = study_series(studies)
     if kind == "chains":
         return [_chains(series, studies, out / "chains.png")]
     paths = [_speedup(series, kind, studies, out / "speedup.png"), _efficiency(series, kind, studies,
@@ -52,64 +56,6 @@ def plot_studies(studies: Sequence[dict], out: str | os.PathLike) -> list[Path]:
     else:
         paths.append(_time(series, studies, out / "time.png"))
     return paths
-
-
-# -- data ----------------------------------------------------------------------------------------------
-
-
-def _series(studies: Sequence[dict]) -> list[tuple[str, list[dict]]]:
-    """``(label, runs sorted by workers/chains)`` per model per study."""
-    out = []
-    many = len(studies) > 1
-    for i, study in enumerate(studies):
-        by_model: dict[str, list[dict]] = {}
-        for run in study["runs"]:
-            by_model.setdefault(run.get("model", study.get("model", "?")), []).append(run)
-        for model, runs in by_model.items():
-            key = "chains" if study["kind"] == "chains" else "workers"
-            runs = sorted(runs, key=lambda r: r[key])
-            label = model
-            if study["kind"] == "strong":
-                label += f", {runs[0]['chains']} chains"
-            elif study["kind"] == "weak":
-                label += f", {runs[0]['chains'] // runs[0]['workers']} chains/worker"
-            if many:
-                label += f" [{study.get('machine', {}).get('hostname', i)}]" if _hosts_differ(studies) else ""
-            out.append((label, runs))
-    return out
-
-
-def _busy(run: dict) -> str:
-    """A warning for a point measured while the workers did not get their cores (a busy machine), or one the
-    study marked suspect (unequal work, or faster than linear)."""
-    share = run.get("cpu_share")
-    busy = share is not None and share < 0.75 and run.get("cpu_workers", True)
-    note = f"\n(busy: CPU {share:.0%})" if busy else ""
-    return note + (f"\n(suspect: {run['suspect']})" if run.get("suspect") else "")
-
-
-def _hosts_differ(studies) -> bool:
-    return len({s.get("machine", {}).get("hostname") for s in studies}) > 1
-
-
-def _subtitle(studies: Sequence[dict]) -> str:
-    study = studies[0]
-    machine = study.get("machine", {})
-    cluster = study.get("cluster") or "local"
-    cores = machine.get("cores_available")
-    draws = study.get("settings", {}).get("draws") or study["runs"][0]["draws"]
-    repeat = study.get("settings", {}).get("repeat")
-    bits = [f"{draws} draws", f"cluster {cluster}"]
-    if cores and cluster == "local":
-        bits.append(f"{cores} cores")
-    if repeat:
-        bits.append(f"median of {repeat}, bars min-max")
-    shared = [r for r in study["runs"] if r.get("machines") and len(r.get("hosts", ())) > r["machines"]]
-    if shared:  # hosts that are namespaces or containers of fewer machines share those machines' cores
-        run = max(shared, key=lambda r: len(r["hosts"]))
-        machines = "one machine's" if run["machines"] == 1 else f"{run['machines']} machines'"
-        return ", ".join(bits) + f"\n{len(run['hosts'])} hosts share {machines} {run['machine_cores']} cores"
-    return ", ".join(bits)
 
 
 # -- figures -------------------------------------------------------------------------------------------
@@ -156,14 +102,14 @@ def _speedup(series, kind, studies, path: Path) -> Path:
                [max(0.0, r.get("speedup_max", r["speedup"]) - r["speedup"]) for r in runs]]
         ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
         for r, xi, yi in zip(runs, x, y, strict=True):
-            ax.annotate(f"{yi:.2f}x{_busy(r)}", (xi, yi), textcoords="offset points", xytext=(7, -5), va="top",
+            ax.annotate(f"{yi:.2f}x{point_note(r)}", (xi, yi), textcoords="offset points", xytext=(7, -5), va="top",
                         fontsize=8)
     _workers_axis(ax, workers)
     if hi / lo >= 8:
         ax.set_yscale("log", base=2)
     ax.set_ylim(bottom=min(0.8, *(r["speedup"] * 0.9 for _, runs in series for r in runs)) if hi / lo < 8 else None)
     ax.set_ylabel("speedup (throughput vs. fewest workers)" if kind == "strong" else "scaled speedup  n T(1) / T(n)")
-    ax.set_title(f"{kind} scaling: speedup\n{_subtitle(studies)}", fontsize=10)
+    ax.set_title(f"{kind} scaling: speedup\n{subtitle(studies)}", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     return _save(fig, path)
 
@@ -180,14 +126,14 @@ def _efficiency(series, kind, studies, path: Path) -> Path:
                [max(0.0, r.get("speedup_max", r["speedup"]) / r["workers"] - r["efficiency"]) for r in runs]]
         ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
         for r, xi, yi in zip(runs, x, y, strict=True):
-            ax.annotate(f"{yi:.0%}{_busy(r)}", (xi, yi), textcoords="offset points", xytext=(7, -5), va="top",
+            ax.annotate(f"{yi:.0%}{point_note(r)}", (xi, yi), textcoords="offset points", xytext=(7, -5), va="top",
                         fontsize=8)
         top = max(top, *(r.get("speedup_max", r["speedup"]) / r["workers"] * 1.05 for r in runs))
     _workers_axis(ax, workers)
     ax.set_ylim(0.0, top)
     ax.yaxis.set_major_formatter(_percent())
     ax.set_ylabel("parallel efficiency  speedup / workers")
-    ax.set_title(f"{kind} scaling: parallel efficiency\n{_subtitle(studies)}", fontsize=10)
+    ax.set_title(f"{kind} scaling: parallel efficiency\n{subtitle(studies)}", fontsize=10)
     ax.legend(fontsize=8, loc="lower left")
     return _save(fig, path)
 
@@ -208,7 +154,7 @@ def _time(series, studies, path: Path) -> Path:
     ax.set_yscale("log")
     _plain_log(ax)
     ax.set_ylabel("sampling time [s]")
-    ax.set_title(f"strong scaling: time to sample\n{_subtitle(studies)}", fontsize=10)
+    ax.set_title(f"strong scaling: time to sample\n{subtitle(studies)}", fontsize=10)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -243,7 +189,7 @@ def _time_per_chain(series, studies, path: Path) -> Path:
     right.set_title("weak scaling: time per chain", fontsize=10)
     left.legend(fontsize=8, loc="lower left")
     right.legend(fontsize=8)
-    fig.suptitle(_subtitle(studies), fontsize=9)
+    fig.suptitle(subtitle(studies), fontsize=9)
     return _save(fig, path)
 
 
@@ -261,7 +207,7 @@ def _chains(series, studies, path: Path) -> Path:
                   label="linear in chains (dashed)" if i == 0 else "_nolegend_")
         per = [1e6 * r["seconds"] / (r["chains"] * r["draws"]) for r in runs]
         right.plot(x, per, marker=marker, color=color, label=label)
-        knee = _knee(runs)
+        knee = chains_knee(runs)
         if knee is not None:
             right.axvline(knee, color=color, ls=":", lw=1.2)
             right.annotate(f"overhead < work\nfrom ~{knee} chains", (knee, max(per)), textcoords="offset points",
@@ -283,20 +229,8 @@ def _chains(series, studies, path: Path) -> Path:
     right.set_title("cost per chain-draw (flat: the work dominates)", fontsize=10)
     left.legend(fontsize=8)
     right.legend(fontsize=8)
-    fig.suptitle(_subtitle(studies), fontsize=9)
+    fig.suptitle(subtitle(studies), fontsize=9)
     return _save(fig, path)
-
-
-def _knee(runs) -> int | None:
-    """The smallest ensemble whose cost per chain-draw is within 2x of the best one's."""
-    per = [r["seconds"] / (r["chains"] * r["draws"]) for r in runs]
-    if len(per) < 2:
-        return None
-    best = min(per)
-    for r, p in zip(runs, per, strict=True):
-        if p <= 2 * best:
-            return r["chains"] if r is not runs[0] else None
-    return None
 
 
 def _plain_log(ax, axis: str = "y") -> None:
@@ -321,6 +255,3 @@ def _percent():
     from matplotlib.ticker import PercentFormatter
 
     return PercentFormatter(1.0)
-
-
-__all__ = ["load", "plot_study", "plot_studies"]

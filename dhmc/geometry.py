@@ -1,7 +1,10 @@
-"""The chunk plan (pure): how an ensemble is cut into blocks of chains x draws.
+"""A run's geometry (pure): how its ensemble is cut into blocks of chains x draws, and how big they are.
 
-Nothing here may depend on the number of workers: the plan fixes which chains and iterations
-each block holds, and with it every random number.
+A *chunk* is a contiguous range of chains, a *segment* a contiguous range of kept draws, and a *block*
+one chunk over one segment: the unit of work one task runs and the unit of storage one Zarr chunk
+holds. Nothing here may depend on the number of workers: the geometry fixes which chains and
+iterations each block holds, and with it every random number. Storage, the driver, the stopping
+rule and the observers all read the one :class:`Geometry` of a run (``RunSpec.geometry``).
 """
 
 from __future__ import annotations
@@ -16,11 +19,16 @@ MIN_AUTO_DRAWS = 10  # draws="auto": the shortest segment (ESS estimates need a 
 AUTO_CHECKS = 20  # ... and the longest are short enough for this many checks by max_draws
 
 
+__all__ = ["Geometry", "default_chains_per_task", "default_draws_per_segment"]
+
+
 @dataclass(frozen=True)
-class Plan:
+class Geometry:
+    """``chains`` x ``draws`` in blocks of ``chains_per_task`` chains x ``draws_per_segment`` draws (the last
+    chunk and segment may be shorter)."""
+
     chains: int
     draws: int
-    warmup: int
     chains_per_task: int
     draws_per_segment: int
 
@@ -41,6 +49,10 @@ class Plan:
         """The draw indices (0-based, after warmup) of segment ``index``."""
         start = index * self.draws_per_segment
         return range(start, min(start + self.draws_per_segment, self.draws))
+
+    def draws_in(self, segments: int) -> int:
+        """Draws per chain in the first ``segments`` segments."""
+        return min(segments * self.draws_per_segment, self.draws)
 
 
 def default_chains_per_task(chains: int, gpu: bool = False) -> int:

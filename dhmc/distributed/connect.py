@@ -1,0 +1,90 @@
+"""Turn the user's ``cluster=`` argument into a ``Client``: start the cluster of a kind, or reach a given one.
+
+``connect(cluster)`` returns a ``Client`` and a closer; dhmc closes only what it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from contextlib import suppress
+
+import dask.config
+from distributed import Client, SpecCluster
+from distributed.deploy.cluster import Cluster
+
+from dhmc.distributed import config
+from dhmc.distributed.cuda import cuda_cluster
+from dhmc.distributed.embedded import local_cluster
+from dhmc.distributed.slurm import slurm_cluster
+from dhmc.errors import ClusterError
+
+__all__ = ["connect", "KINDS"]
+
+KINDS = ("local", "cuda", "slurm")
+
+
+def expected_workers(cluster) -> int:
+    """How many workers a cluster dhmc started will have."""
+    if isinstance(cluster, SpecCluster) and cluster.worker_spec:
+        return len(cluster.worker_spec)
+    return 1
+
+
+_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://|^[\w.\-]+:\d+$")
+
+
+def connect(cluster=None, options: dict | None = None):
+    """Return ``(client, close)`` for a cluster spec.
+
+    ``cluster`` is None or ``"local"`` (embedded), ``"cuda"``, ``"slurm"``, a scheduler address,
+    a ``Client`` or a ``Cluster``. ``close()`` shuts down only what this call started.
+    """
+    if isinstance(cluster, Client):
+        return cluster, lambda: None
+    if isinstance(cluster, Cluster):
+        client = Client(cluster, set_as_default=False)
+        return client, client.close
+    if cluster is None or cluster in KINDS:
+        kind = cluster or "local"
+        builder = {"local": local_cluster, "cuda": cuda_cluster, "slurm": slurm_cluster}[kind]
+        opts = config.cluster_options(kind, options)
+        # A block that killed this many workers ends the run (WorkerCrashError) instead of being retried,
+        # and blocks fail once the cluster has had no worker for this long (NoWorkersError), never hang
+        limits = {"distributed.scheduler.allowed-failures": max(0, int(config.get("worker-crashes")) - 1),
+                  "distributed.scheduler.no-workers-timeout": config.get("no-workers-timeout")}
+        with dask.config.set(limits):
+            started = builder(**opts)
+        client = Client(started, set_as_default=False)
+        n = opts.get("jobs") if kind == "slurm" else expected_workers(started)
+        try:
+            client.wait_for_workers(n or 1, timeout=300 if kind == "slurm" else 120)
+        except Exception:
+            _close(client, started)
+            raise
+        return client, lambda: _close(client, started)
+    if isinstance(cluster, str) and _ADDRESS.search(cluster):
+        timeout = config.get("connect-timeout")
+        try:
+            client = Client(cluster, timeout=timeout, set_as_default=False)
+        except (OSError, TimeoutError) as e:
+            raise ClusterError(f"cannot reach the scheduler at {cluster} within {timeout} s ({e})") from None
+        return client, client.close
+    raise ValueError(f"cluster must be None, one of {', '.join(KINDS)}, a scheduler address, a Client or a "
+                     f"Cluster; got {cluster!r}")
+
+
+def _close(client, cluster):
+    """Close what dhmc started, quietly: connections dropped while shutting down are not news."""
+    loggers = [logging.getLogger(name) for name in ("distributed", "tornado", "asyncio")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with suppress(Exception):
+            client.close()
+        with suppress(Exception):
+            cluster.close()
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

@@ -1,0 +1,101 @@
+"""The block program: one block's whole computation as one function of arrays, compiled and serialized.
+
+:func:`build_program` writes it, :func:`compile_program` compiles it, :func:`precompile` serializes
+it on the driver for workers on the same machine and backend, and :func:`load_executable` loads it
+there.
+"""
+
+from __future__ import annotations
+
+import cloudpickle
+import jax
+import jax.numpy as jnp
+from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
+from dhmc.models.base import TRACING
+
+__all__ = ["build_program", "predictive_keys", "program_args", "compile_program", "precompile", "load_executable",
+           "PREDICTIVE_STREAM"]
+
+
+def build_program(model, config: KernelConfig, phase: str, num_iterations: int):
+    """The block's whole computation as one function of arrays (``phase`` is "warmup" or "sample")."""
+    if phase == "warmup":
+        run = warmup_chunk(model.logdensity_fn, config)
+
+        def program(seed, chains, positions, params, first, n, adapt, collect, find_step):
+            out = run(chain_keys(seed, chains), positions, params, first, n, adapt, collect, find_step)
+            if not config.record_warmup:
+                return out
+            end, stats, recorded = out  # save_warmup: the round's draws, constrained
+            return end, (stats, jax.vmap(jax.vmap(model.constrain_fn))(recorded))
+
+        return program
+    run = sample_chunk(model.logdensity_fn, config, num_iterations)
+
+    def program(seed, chains, positions, params, first):
+        end, trace = run(chain_keys(seed, chains), positions, params, first)
+        position = trace.pop("position")
+        groups = {"posterior": jax.vmap(jax.vmap(model.constrain_fn))(position), "sample_stats": trace}
+        if model.log_likelihood_fn is not None:
+            groups["log_likelihood"] = jax.vmap(jax.vmap(model.log_likelihood_fn))(position)
+        if model.predictive_fn is not None:
+            keys = predictive_keys(seed, chains, first, num_iterations, config.thinning)
+            groups["posterior_predictive"] = jax.vmap(jax.vmap(model.predictive_fn))(position, keys)
+        return end, groups
+
+    return program
+
+
+PREDICTIVE_STREAM = 2**32 - 1  # fold_in data no kernel iteration reaches: predictive keys apart from the kernel's
+
+
+def predictive_keys(seed, chains, first, draws: int, thinning: int):
+    """``(chains, draws, 2)`` keys of posterior predictive draws, one per chain and global iteration.
+
+    A draw's key depends on its chain and iteration only, so extending or re-cutting a run keeps it.
+    """
+    streams = jax.vmap(lambda k: jax.random.fold_in(k, PREDICTIVE_STREAM))(chain_keys(seed, chains))
+    iterations = first + thinning * jnp.arange(draws, dtype=jnp.int32)
+    return jax.vmap(lambda k: jax.vmap(lambda i: jax.random.fold_in(k, i))(iterations))(streams)
+
+
+def program_args(phase: str, chains: int, dim: int, dtype, dense_mass: bool) -> tuple:
+    """Abstract arguments of a block program, for compiling before any data exists."""
+    s = jax.ShapeDtypeStruct
+    mass = (dim, dim) if dense_mass else (dim,)
+    params = Params(s((), dtype), s(mass, dtype), s((), dtype))
+    args = (s((), jnp.uint32), s((chains,), jnp.uint32), s((chains, dim), dtype), params, s((), jnp.int32))
+    if phase == "warmup":
+        args += (s((), jnp.int32), s((), jnp.bool_), s((), jnp.bool_), s((), jnp.bool_))
+    return args
+
+
+def compile_program(program, args):
+    """Compile for the default backend; on CPUs with LLVM's -O2, which halves compile time (measured
+    here: 5.4 s -> 2.3 s for a 128-chain logistic-regression block) and runs as fast as -O3."""
+    options = {"xla_backend_optimization_level": 2} if jax.default_backend() == "cpu" else None
+    with TRACING:
+        lowered = jax.jit(program).lower(*args)
+    return lowered.compile(compiler_options=options)
+
+
+def precompile(model, config: KernelConfig, phase: str, num_iterations: int, chains: int, dense_mass: bool) -> bytes:
+    """Compile a block program here and serialize it for workers on this machine and backend."""
+    args = program_args(phase, chains, model.dim, model.dtype, dense_mass)
+    compiled = compile_program(build_program(model, config, phase, num_iterations), args)
+    return cloudpickle.dumps((jax.default_backend(), serialize(compiled)))
+
+
+def load_executable(executable: bytes | None):
+    """The executable :func:`precompile` serialized, or None when it cannot run here (another backend, another JAX)."""
+    if executable is None:
+        return None
+    try:
+        backend, (payload, in_tree, out_tree) = cloudpickle.loads(executable)
+        if backend != jax.default_backend():
+            return None
+        return deserialize_and_load(payload, in_tree, out_tree)
+    except Exception:  # noqa: BLE001 - fall back to compiling here
+        return None

@@ -1,0 +1,100 @@
+"""One sampling block's place in a store: the worker's write, the checks of its shapes, its done flag.
+
+A block is one chunk of chains by one segment of draws (:class:`~dhmc.geometry.Geometry`): one Zarr
+chunk of every array, so each block is written by one writer, exactly once, into chunks nobody else
+touches. The driver
+marks it done (:func:`mark_done`) only after the worker reported its write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+
+from dhmc.geometry import Geometry
+from dhmc.storage.schema import Layout
+from dhmc.storage.zarr_ import INTERNAL, WHERE, StoreError
+
+__all__ = ["BlockDestination", "block_shapes", "check_block", "mark_done", "read_head"]
+
+
+@dataclass(frozen=True)
+class BlockDestination:
+    """Where one block goes in a store; the worker that ran the block writes it (see :meth:`write`).
+
+    ``path`` must be reachable from the worker: a local path for the embedded cluster, the shared
+    filesystem under Slurm. The driver marks the block done only after the worker
+    reported its write (:func:`mark_done`), so a block interrupted mid-write is written again on resume.
+    """
+
+    path: str
+    layout: Layout
+    geometry: Geometry
+    chunk: int
+    segment: int
+    run_id: str
+
+    def write(self, block: dict) -> dict:
+        """Write ``posterior``/``sample_stats`` draws and end ``position``; return the shapes written."""
+        shapes = block_shapes(block)
+        check_block(self.layout, self.geometry, self.chunk, self.segment, shapes, self.path)
+        arrays = _arrays(self.path, self.layout, self.run_id)
+        c0, d0 = self.geometry.chunk(self.chunk).start, self.geometry.segment(self.segment).start
+        for group in self.layout.groups():
+            for name, values in block[group].items():
+                arrays[f"{group}/{name}"][c0:c0 + values.shape[0], d0:d0 + values.shape[1]] = values
+        position = block["position"]
+        arrays[f"{INTERNAL}/position"][c0:c0 + position.shape[0], self.segment] = position
+        return shapes
+
+
+_OPEN: dict[tuple[str, str], dict] = {}
+
+
+def _arrays(path: str, layout: Layout, run_id: str) -> dict:
+    """The store's block arrays, opened once per process and run (opening reads metadata from disk).
+
+    Never through consolidated metadata: a resumed store's may predate an extend.
+    """
+    key = (path, run_id)
+    if key not in _OPEN:
+        root = zarr.open_group(path, mode="r+", use_consolidated=False)
+        names = [f"{g}/{n}" for g, specs in layout.groups().items() for n in specs]
+        _OPEN.clear()  # one run at a time per worker process keeps no stale handles
+        _OPEN[key] = {name: root[name] for name in [*names, f"{INTERNAL}/position"]}
+    return _OPEN[key]
+
+
+def block_shapes(block: dict) -> dict:
+    """``{"posterior/x": (chains, draws, ...), ..., "position": (chains, dim)}`` of a block."""
+    shapes = {f"{g}/{k}": tuple(np.shape(v)) for g, values in block.items() if g != "position"
+              for k, v in values.items()}
+    return {**shapes, "position": tuple(np.shape(block["position"]))}
+
+
+def check_block(layout: Layout, geometry: Geometry, chunk: int, segment: int, shapes: dict, where) -> None:
+    """Raise :class:`StoreError` unless a block's arrays have exactly the shapes its place in ``geometry`` needs."""
+    chains, draws = len(geometry.chunk(chunk)), len(geometry.segment(segment))
+    expected = {f"{g}/{k}": (chains, draws, *s.shape) for g, specs in layout.groups().items() for k, s in specs.items()}
+    got = {k: v for k, v in shapes.items() if k != "position"}
+    if got != expected or len(shapes.get("position", ())) != 2 or shapes["position"][0] != chains:
+        wrong = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k)) or ["position"]
+        raise StoreError(f"block (chunk {chunk}, segment {segment}) for {where} has the wrong shape for "
+                         f"{wrong[0]}: got {got.get(wrong[0], shapes.get('position'))}, expected "
+                         f"{expected.get(wrong[0], (chains, '...'))}; nothing of it was marked done")
+
+
+def mark_done(root: zarr.Group, chunk: int, segment: int, where: dict | None = None) -> None:
+    """Mark a block done, after its draws and end positions are in the store; ``where``: its host and worker."""
+    for name, value in (where or {}).items():
+        if name in WHERE and name in root[INTERNAL]:  # a store of an older dhmc has no such record
+            root[f"{INTERNAL}/{name}"][chunk, segment] = str(value)
+    root[f"{INTERNAL}/done"][chunk, segment] = 1
+
+
+def read_head(root: zarr.Group, layout: Layout, geometry: Geometry, chunk: int, segment: int, chains: int) -> dict:
+    """``{name: draws}`` of a done block's first ``chains`` chains (for the convergence checks)."""
+    c0, draws = geometry.chunk(chunk).start, geometry.segment(segment)
+    return {name: root[f"posterior/{name}"][c0:c0 + chains, draws.start:draws.stop] for name in layout.posterior}

@@ -1,8 +1,0 @@
-"""Make the helper modules in this folder (posteriors, compare) importable from the tests here."""
-
-import sys
-from pathlib import Path
-
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
