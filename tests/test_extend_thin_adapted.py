@@ -45,6 +45,17 @@ def test_extend_is_bitwise_one_longer_run(client2, tmp_path):
     assert zarr_.blocks_done(root).all() and root["posterior/mu"].shape[1] == 350
 
 
+def test_a_run_with_automatic_warmup_extends(client2, tmp_path):
+    """The default warmup="auto": its finished store's warmup record (JSON text) is read back by extend."""
+    path = tmp_path / "auto.zarr"
+    run = dict(chains=16, chains_per_task=8, cluster=client2, progress=False)
+    dhmc.sample("gaussian_2d", draws=20, warmup="auto", max_warmup=75, store=path, **run)
+    extended = dhmc.extend(path, 10, cluster=client2, progress=False)
+    assert extended["posterior"]["x"].shape == (16, 30, 2) and not extended["posterior"]["x"].isnull().any()
+    warmup = json.loads(extended.attrs["dhmc_warmup"])
+    assert sum(r["iterations"] for r in warmup) == json.loads(extended.attrs["dhmc_run_spec"])["warmup"] <= 75
+
+
 def test_extend_refuses_an_unfinished_store_and_bad_draws(client2, tmp_path):
     path = tmp_path / "run.zarr"
     dhmc.sample("gaussian_2d", chains=16, draws=40, warmup=40, chains_per_task=8, store=path, cluster=client2,

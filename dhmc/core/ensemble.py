@@ -19,7 +19,7 @@ from dhmc.core.adaptation.chees import CheesState, chees_trajectory, halton, whi
 from dhmc.core.adaptation.dual_averaging import DualAveragingState, dual_averaging
 from dhmc.core.adaptation.welford import WelfordState, welford
 from dhmc.core.step_size import SEARCH_STEPS, find_step_size, harmonic_mean
-from dhmc.types import Array, LogDensityFn
+from dhmc.types import Array, LogDensityFn, SampleStats
 
 __all__ = ["KERNELS", "JITTERED", "MAMS_MAX_LENGTH", "KernelConfig", "Params", "WarmupStats", "WarmupCarry",
            "max_trajectory_length", "chain_keys", "initial_positions", "num_steps_for", "kernel_for", "step_size_for",
@@ -185,15 +185,9 @@ def sample_chunk(logdensity_fn: LogDensityFn, config: KernelConfig, num_draws: i
 
         def body(states, i):
             states, info = thinned(states, first_iteration + (i if thin == 1 else thin * i))
-            stats = {
-                "lp": states.logdensity,
-                "acceptance_rate": info.acceptance_rate,
-                "diverging": info.diverging,
-                "energy": info.energy,
-                "n_steps": info.n_steps,
-                "step_size": info.step_size,
-            }
-            return states, (states.position, stats)
+            stats = SampleStats(lp=states.logdensity, acceptance_rate=info.acceptance_rate, diverging=info.diverging,
+                                energy=info.energy, n_steps=info.n_steps, step_size=info.step_size)
+            return states, (states.position, stats._asdict())
 
         states, (draws, stats) = jax.lax.scan(body, states, jnp.arange(num_draws))
         stats = {k: jnp.swapaxes(v, 0, 1) for k, v in stats.items()}  # (draws, chains) -> (chains, draws)

@@ -29,7 +29,7 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     in the store) unless ``target`` is given; it must be the store's own unless ``force``. With
     ``more_draws`` the finished store first makes room for that many more draws per chain.
     """
-    from dhmc.storage import zarr_
+    from dhmc.storage import rewrite, zarr_
     from dhmc.storage.lock import check_free
 
     if more_draws is not None and (isinstance(more_draws, bool) or not isinstance(more_draws, int | np.integer)
@@ -37,6 +37,7 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
         raise ValueError(f"draws must be a positive integer, got {more_draws!r}")
     root, layout = zarr_.open_store(path)
     check_free(path)  # another run writing it: refused before any cluster starts
+    rewrite.finish_resize(root, layout)  # a trim or an extend that was interrupted
     spec = _spec(root, path)
     if more_draws is not None and not zarr_.blocks_done(root).all():
         raise zarr_.StoreError(f"the run in {path} is not finished: dhmc resume {path} first, then extend it")

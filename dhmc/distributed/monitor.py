@@ -112,7 +112,8 @@ class ConvergenceMonitor:
         "draws", "min_ess"}`` over every segment (the last measurement, if it measured them all)."""
         n = self.geometry.num_segments
         last = self.last if self.last is not None and self.last["draws"] == self.geometry.draws else self.measure(n)
-        return {k: last[k] for k in ("max_rhat", "max_nested_rhat", "worst", "chains", "draws", "min_ess")}
+        return {"max_rhat": last["max_split_rhat"], **{k: last[k] for k in ("max_nested_rhat", "worst", "chains",
+                                                                             "draws", "min_ess")}}
 
     def due(self, wave: int) -> bool:
         """Whether wave ``wave`` is measured: the first, the last, and those crossing a power of :data:`GROWTH`
@@ -128,9 +129,11 @@ class ConvergenceMonitor:
         """Every scalar's ESS and R-hat over the head chains of the first ``wave`` segments, and their extremes.
 
         ``params`` maps each scalar (``x[0]``) to ``{"rhat" (split), "nested_rhat", "ess_bulk",
-        "ess_tail"}``; ``min_ess`` (bulk or tail, scaled to the ensemble) and ``max_rhat`` (nested,
-        the rule's) leave out scalars whose values are undefined (constant draws); no ESS at all
-        counts as 0. With ``draws="auto"`` the record also says whether the rule is met.
+        "ess_tail"}`` (None where undefined). ``min_ess`` (bulk or tail, scaled to the ensemble),
+        ``max_split_rhat`` and ``max_nested_rhat`` (at least 1; infinite for chains stuck apart) leave
+        out scalars whose values are undefined (constant draws); no ESS at all counts as 0; ``worst``
+        names the scalar of the largest split R-hat. With ``draws="auto"`` the record also has
+        ``target_ess``, ``max_draws``, ``converged``, ``remaining`` and ``max_rhat`` (the rule's: nested).
         """
         geometry, draws = self.geometry, self.draws(wave)
         n, used = geometry.draws_in(wave), next(iter(draws.values())).shape[0]
@@ -144,13 +147,12 @@ class ConvergenceMonitor:
                    "ess_bulk": _ess(sample, "bulk") * scale, "ess_tail": _ess(sample, "tail") * scale}
         columns = {k: np.broadcast_to(np.asarray(v, float), (len(names),)) for k, v in columns.items()}
         params = {label: {k: _float(v[i]) for k, v in columns.items()} for i, label in enumerate(names)}
-        record = {"draws": n, "chains": used, **_extremes(params), "params": params}
+        record = {"draws": n, "chains": used, **_extremes(names, columns), "params": params}
         if self.auto:
             target = self.spec.target_ess
-            record.update(target_ess=target, max_draws=geometry.draws,
+            record.update(target_ess=target, max_draws=geometry.draws, max_rhat=record["max_nested_rhat"],
                           converged=record["min_ess"] >= target and record["max_nested_rhat"] < RHAT_MAX,
                           remaining=remaining(n, record["min_ess"], target, geometry.draws))
-            record["max_rhat_split"], record["max_rhat"] = record["max_rhat"], record["max_nested_rhat"]
         return record
 
     def _checked(self, wave: int) -> None:
@@ -179,11 +181,14 @@ def _float(value) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _extremes(params: dict) -> dict:
-    """``min_ess`` over bulk and tail, ``max_rhat`` (split), ``max_nested_rhat`` (at least 1) and the worst scalar."""
-    values = lambda key: [(p[key], label) for label, p in params.items() if p[key] is not None]
-    ess = [v for v, _ in values("ess_bulk") + values("ess_tail")]
-    split, nested = values("rhat"), values("nested_rhat")
-    worst = max(split, default=(1.0, ""))
-    return {"min_ess": min(ess, default=0.0), "max_rhat": max(1.0, worst[0]), "worst": worst[1],
-            "max_nested_rhat": max([1.0, *(v for v, _ in nested)])}
+def _extremes(names: list[str], columns: dict[str, np.ndarray]) -> dict:
+    """``min_ess`` over bulk and tail, ``max_split_rhat`` and ``max_nested_rhat`` (at least 1, NaN left out) and
+    ``worst``, the scalar of the largest split R-hat ("" when none is above 1)."""
+    ess = np.concatenate([columns["ess_bulk"], columns["ess_tail"]])
+    ess = ess[np.isfinite(ess)]
+    split, nested = columns["rhat"], columns["nested_rhat"]
+    known = ~np.isnan(split)
+    worst = names[int(np.argmax(np.where(known, split, -np.inf)))] if known.any() and split[known].max() > 1 else ""
+    return {"min_ess": float(ess.min()) if ess.size else 0.0, "worst": worst,
+            "max_split_rhat": float(max(1.0, np.nanmax(split, initial=1.0))),
+            "max_nested_rhat": float(max(1.0, np.nanmax(nested, initial=1.0)))}

@@ -36,7 +36,10 @@ class Observer(Protocol):
         """Block ``(chunk, segment)`` is in the sink: ``result`` is its record, ``chain_draws`` its size."""
 
     def convergence_check(self, check: dict) -> None:
-        """``draws="auto"`` measured a wave: ``draws``, ``min_ess``, ``max_rhat``, ``target_ess``, ``remaining``."""
+        """The convergence monitor measured a wave (:meth:`dhmc.distributed.monitor.ConvergenceMonitor.measure`):
+        ``draws``, ``chains``, ``min_ess``, ``max_split_rhat``, ``max_nested_rhat``, ``worst`` and ``params``
+        (each scalar's R-hat and ESS); with ``draws="auto"`` also ``target_ess``, ``max_draws``,
+        ``converged``, ``remaining`` and ``max_rhat`` (the rule's, nested)."""
 
     def close(self) -> None:
         """The run ended (finished, failed or interrupted); the client is still connected."""
@@ -59,4 +62,4 @@ class Observers:
             except Exception:  # noqa: BLE001 - watching a run never stops it
                 log.exception("dhmc: observer %r failed in %s and is told nothing more in this run",
                               observer, event)
-                self.observers.remove(observer)
+                self.observers = [o for o in self.observers if o is not observer]

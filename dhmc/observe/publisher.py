@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 __all__ = ["DashboardPublisher"]
+
+MAX_ROWS = 256  # parameters sent with each record: the worst by R-hat and by ESS (a model may have 10^5 scalars)
 
 
 class DashboardPublisher:
@@ -37,7 +40,7 @@ class DashboardPublisher:
 
     def convergence_check(self, check: dict) -> None:
         """Publish each parameter's R-hat and ESS; with ``draws="auto"`` also ``auto`` (min ESS, target, draws left)."""
-        self.convergence = check.get("params", {})
+        self.convergence = _worst(check.get("params", {}), MAX_ROWS)
         if self.record is not None:
             self.record["convergence"] = self.convergence
             if "target_ess" in check:
@@ -48,3 +51,14 @@ class DashboardPublisher:
         from dhmc.observe.dashboard import publish_progress
 
         publish_progress(self.client, dict(self.record, published_at=time.time()))
+
+
+def _worst(params: dict, rows: int) -> dict:
+    """At most ``rows`` of ``params``: half the highest R-hat, the rest the lowest bulk ESS (undefined: worst)."""
+    if len(params) <= rows:
+        return params
+    worst = lambda key, sign: sorted(params, key=lambda k: sign * (params[k][key] if params[k][key] is not None
+                                                                   else -sign * math.inf))
+    keep = dict.fromkeys(worst("rhat", -1)[:rows // 2])
+    keep.update(dict.fromkeys(k for k in worst("ess_bulk", 1) if k not in keep))
+    return {k: params[k] for k in list(keep)[:rows]}

@@ -9,7 +9,7 @@ consolidated metadata ever describes a store that has grown or shrunk since.
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import zarr
@@ -19,7 +19,9 @@ from dhmc.geometry import Geometry
 from dhmc.storage.schema import Layout, VariableSpec
 from dhmc.storage.zarr_ import INTERNAL, WHERE, layout_to_json
 
-__all__ = ["finish", "resize", "trim_warmup"]
+__all__ = ["finish", "resize", "finish_resize", "trim_warmup"]
+
+RESIZING = "dhmc_resizing"  # a resize under way: its geometries and attrs, so that an interrupted one is completed
 
 
 def resize(root: zarr.Group, layout: Layout, old: Geometry, new: Geometry, attrs: dict) -> None:
@@ -29,9 +31,11 @@ def resize(root: zarr.Group, layout: Layout, old: Geometry, new: Geometry, attrs
     Segments keep their length. Zarr deletes the chunks beyond smaller shapes, so a trimmed store is
     a complete one of fewer draws. A last segment shorter than the others, when the store grows, is
     marked to be sampled again in full (its end position is that of a full segment): its draws come
-    out the same, bitwise. An interrupted resize can be run again.
+    out the same, bitwise. The resize is recorded first and cleared last: a store opened after one was
+    interrupted completes it (:func:`finish_resize`).
     """
     _drop_consolidated(root)
+    root.attrs.update({RESIZING: {"from": asdict(old), "to": asdict(new), "attrs": attrs}})
     for group, specs in layout.groups().items():
         _resize_draws(root, group, specs, new.chains, new.draws)
         if new.draws > old.draws:
@@ -43,7 +47,16 @@ def resize(root: zarr.Group, layout: Layout, old: Geometry, new: Geometry, attrs
     position.resize((new.chains, new.num_segments, position.shape[2]))
     if new.draws > old.draws and old.draws % old.draws_per_segment:
         root[f"{INTERNAL}/done"][:, old.num_segments - 1] = 0
-    root.attrs.update(attrs)
+    root.attrs.update({**attrs, "dhmc_layout": layout_to_json(layout)})
+    del root.attrs[RESIZING]
+
+
+def finish_resize(root: zarr.Group, layout: Layout) -> bool:
+    """Complete a resize that was interrupted (every step of one can be done again); True if there was one."""
+    pending = root.attrs.get(RESIZING)
+    if pending:
+        resize(root, layout, Geometry(**pending["from"]), Geometry(**pending["to"]), pending["attrs"])
+    return bool(pending)
 
 
 def trim_warmup(root: zarr.Group, layout: Layout, chains: int, iterations: int) -> Layout:

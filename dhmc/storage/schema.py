@@ -1,4 +1,5 @@
-"""ArviZ's layout of a run, independent of where the arrays live (pure: numpy + xarray)."""
+"""ArviZ's layout of a run, independent of where the arrays live (pure: numpy + xarray; the stat names from
+:class:`dhmc.types.SampleStats`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dhmc.types import SAMPLE_STAT_DTYPES, SampleStats
+
 __all__ = ["SAMPLE_STATS", "VariableSpec", "Layout", "fill_value", "make_layout", "observed_dims", "to_datatree"]
 
 if TYPE_CHECKING:
     import xarray as xr
 
-SAMPLE_STATS = {
-    "lp": "float",
-    "acceptance_rate": "float",
-    "diverging": "bool",
-    "energy": "float",
-    "n_steps": "int32",
-    "step_size": "float",
-}
+SAMPLE_STATS = {name: SAMPLE_STAT_DTYPES.get(name, "float") for name in SampleStats._fields}  # "float": the run's
 
 
 @dataclass(frozen=True)

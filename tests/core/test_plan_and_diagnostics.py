@@ -51,12 +51,19 @@ def test_the_monitor_measures_every_scalar_and_flags_disagreeing_chains():
             stuck.add(chunk, seg, {"posterior": {"x": x + (3.0 if chunk == 0 else 0.0), "s": x[..., 0, 0]}})
     good, bad = ok.measure(4), stuck.measure(4)
     assert list(good["params"]) == ["x[0,0]", "x[0,1]", "x[1,0]", "x[1,1]", "s"]
-    assert good["max_rhat"] < 1.02 and good["max_nested_rhat"] < 1.02 and good["draws"] == 200
+    assert good["max_split_rhat"] < 1.02 and good["max_nested_rhat"] < 1.02 and good["draws"] == 200
     assert 0.5 * 32 * 200 < good["params"]["x[1,1]"]["ess_bulk"] < 1.5 * 32 * 200  # independent draws
     assert good["min_ess"] == min(min(p["ess_bulk"], p["ess_tail"]) for p in good["params"].values())
     assert bad["params"]["x[0,1]"]["nested_rhat"] > 1.1 and bad["params"]["s"]["nested_rhat"] < 1.05
     assert bad["worst"].startswith("x[") and bad["max_nested_rhat"] > 1.1
-    assert ok.final() == {k: good[k] for k in ("max_rhat", "max_nested_rhat", "worst", "chains", "draws", "min_ess")}
+    assert ok.final() == {"max_rhat": good["max_split_rhat"],
+                          **{k: good[k] for k in ("max_nested_rhat", "worst", "chains", "draws", "min_ess")}}
+    stuck_apart = ConvergenceMonitor(spec, sink=None)  # every chain constant, at its own value: split R-hat inf
+    stuck_apart.heads = {key: {"x": np.broadcast_to(np.arange(8.0)[:, None, None, None] + 8 * key[0], (8, 50, 2, 2)),
+                               "s": np.zeros((8, 50))} for key in ok.heads}
+    apart = stuck_apart.measure(4)
+    assert apart["max_split_rhat"] == np.inf and apart["worst"] == "x[0,0]" and apart["params"]["s"]["rhat"] is None
+    assert apart["max_nested_rhat"] > 1.1
     auto = ConvergenceMonitor(SimpleNamespace(**{**vars(spec), "target_ess": 1000.0}), sink=None)
     auto.heads = ok.heads
     verdict = auto.measure(4)

@@ -12,6 +12,7 @@ import math
 import warnings
 
 import jax.numpy as jnp
+import pytest
 import xarray as xr
 import zarr
 
@@ -75,3 +76,29 @@ def test_arviz_takes_a_finished_store_without_warnings(dhmc_store):
         warnings.simplefilter("error")
         idata = az.InferenceData.from_datatree(xr.open_datatree(str(dhmc_store), engine="zarr"))
     assert idata.posterior["p"].shape == (8, 10, 2)
+
+
+def test_an_extend_interrupted_mid_resize_is_completed_when_the_store_is_opened(dhmc_store, client1, monkeypatch):
+    from dhmc.storage import rewrite
+
+    calls = []
+
+    def fail_on_the_second(root, group, *args):  # the posterior resized, then the process "dies"
+        calls.append(group)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return resize_draws(root, group, *args)
+
+    resize_draws = rewrite._resize_draws
+    monkeypatch.setattr(rewrite, "_resize_draws", fail_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        continued_run(dhmc_store, more_draws=5)
+    monkeypatch.undo()
+    root = zarr.open_group(str(dhmc_store), mode="r")
+    assert json.loads(root.attrs["dhmc_run_spec"])["draws"] == 10 and rewrite.RESIZING in root.attrs
+    resumed = dhmc.resume(dhmc_store, cluster=client1, progress=False)  # completes the extend, then samples it
+    assert resumed["posterior"]["p"].shape == (8, 15, 2) and not resumed["posterior"]["p"].isnull().any()
+    assert resumed["sample_stats"]["lp"].shape == (8, 15)
+    root = zarr.open_group(str(dhmc_store), mode="r")
+    assert json.loads(root.attrs["dhmc_run_spec"])["draws"] == 15 and rewrite.RESIZING not in root.attrs
+    assert "draws" not in root.attrs["dhmc_layout"]
