@@ -6,10 +6,9 @@ import json
 from dataclasses import asdict, replace
 
 import jax
-import numpy as np
 
 from dhmc.distributed.driver import RunContext
-from dhmc.distributed.spec import RunSpec
+from dhmc.distributed.spec import RunSpec, check_integer
 from dhmc.distributed.startup import pickle_target
 from dhmc.models.fingerprint import check_same_run
 from dhmc.models.reference import is_reference
@@ -32,9 +31,8 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     from dhmc.storage import rewrite, zarr_
     from dhmc.storage.lock import check_free
 
-    if more_draws is not None and (isinstance(more_draws, bool) or not isinstance(more_draws, int | np.integer)
-                                   or more_draws < 1):
-        raise ValueError(f"draws must be a positive integer, got {more_draws!r}")
+    if more_draws is not None:
+        check_integer(1, draws=more_draws)
     root, layout = zarr_.open_store(path)
     check_free(path)  # another run writing it: refused before any cluster starts
     rewrite.finish_resize(root, layout)  # a trim or an extend that was interrupted

@@ -137,8 +137,7 @@ def _warmup(run: RunContext, runner: Runner, root):
     spec, model = run.spec, run.model
     saved = zarr_.load_warmup(root, model.dtype) if run.resume else None
     if saved is not None:
-        history = root.attrs.get("dhmc_warmup", [])  # JSON text once the run finished (its final attrs)
-        return (*saved, json.loads(history) if isinstance(history, str) else history)
+        return saved
     positions = run.positions
     if positions is None:  # a resume before warmup finished starts again, deterministically
         positions = initial_positions(model, spec.model, None, spec.seed, spec.chains)

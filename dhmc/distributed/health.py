@@ -34,9 +34,9 @@ class Health:
         self._deaths = getattr(getattr(client, "cluster", None), "worker_deaths", None)
         self._deaths_before = len(self._deaths()) if self._deaths else 0
 
-    def check(self, running: list[str], idle: float) -> None:
+    def check(self, running, idle: float) -> None:
         """Raise if workers died ``dhmc.worker-crashes`` times in this run, or no block of ``running`` (their
-        descriptions) finished for ``dhmc.block-timeout`` (``idle`` seconds so far)."""
+        jobs, described only in the error) finished for ``dhmc.block-timeout`` (``idle`` seconds so far)."""
         deaths = self._deaths()[self._deaths_before:] if self._deaths else []
         if len(deaths) >= self.crashes:
             ran = _block_in(deaths[-1].stderr_tail, self.run_id) or "block"
@@ -45,8 +45,9 @@ class Health:
         if self.block_timeout and idle > self.block_timeout:
             from dhmc.errors import BlockTimeoutError
 
+            blocks = ", ".join(sorted(job.describe() for job in running)[:3])
             raise BlockTimeoutError(f"no block of model {self.model!r} finished for {idle:.0f} s "
-                                    f"(dhmc.block-timeout; running: {', '.join(sorted(running)[:3])}){self._hint()}")
+                                    f"(dhmc.block-timeout; running: {blocks}){self._hint()}")
 
     def crash_error(self, headline: str, worker: str, wait: float = 5.0):
         """A :class:`WorkerCrashError`: ``headline`` (block, model, count) and how the last worker ended.

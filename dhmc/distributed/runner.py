@@ -102,7 +102,7 @@ class Runner:
             except TimeoutError:
                 done = ()
             if not done:
-                self.health.check([b.job.describe() for b in blocks.values()], time.monotonic() - last)
+                self.health.check((b.job for b in blocks.values()), time.monotonic() - last)
                 continue
             last = time.monotonic()
             for block in [b for b in list(blocks.values()) if b.future in done]:
@@ -126,7 +126,7 @@ class Runner:
             last = getattr(error.last_worker, "name", None) or getattr(error.last_worker, "address", "?")
             count = error.allowed_failures + 1
             raise self.health.crash_error(f"a {block.job.describe()} of model {self.spec.model!r} killed {count} "
-                                    f"worker(s)", str(last)) from None
+                                          f"worker(s)", str(last)) from None
         if name == "NoWorkerError":
             raise self.health.no_workers_error(getattr(error, "timeout", None)) from None
         if name in RETRYABLE and block.retries < self.max_retries:

@@ -15,7 +15,7 @@ from dhmc.distributed.warmup import DEFAULT_MAX_WARMUP, auto_rounds, fixed_round
 from dhmc.geometry import Geometry, default_chains_per_task, default_draws_per_segment
 from dhmc.storage import schema
 
-__all__ = ["RunSpec", "DEFAULT_TARGET_ESS", "DEFAULT_MAX_DRAWS", "check_options", "adapted_options",
+__all__ = ["RunSpec", "DEFAULT_TARGET_ESS", "DEFAULT_MAX_DRAWS", "check_options", "check_integer", "adapted_options",
            "check_kernel_fits", "layout_for", "geometry_for", "run_attrs"]
 
 
@@ -99,11 +99,11 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     """
     draws, target_ess, max_draws = _check_draws(draws, target_ess, max_draws)
     warmup, max_warmup = _check_warmup(warmup, max_warmup)
-    _check_integer(1, chains=chains)
-    _check_integer(1, thinning=thinning)
-    _check_integer(0, prior=prior)
+    check_integer(1, chains=chains)
+    check_integer(1, thinning=thinning)
+    check_integer(0, prior=prior)
     if chains_per_task is not None:
-        _check_integer(1, chains_per_task=chains_per_task)
+        check_integer(1, chains_per_task=chains_per_task)
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
     if target_accept is None:
@@ -160,11 +160,11 @@ def _check_warmup(warmup, max_warmup) -> tuple[int, int | None]:
         if warmup != "auto":
             raise ValueError(f"warmup must be a non-negative integer or 'auto', got {warmup!r}")
         max_warmup = DEFAULT_MAX_WARMUP if max_warmup is None else max_warmup
-        _check_integer(1, max_warmup=max_warmup)
+        check_integer(1, max_warmup=max_warmup)
         return int(max_warmup), int(max_warmup)
     if max_warmup is not None:
         raise ValueError(f"max_warmup needs warmup='auto', got warmup={warmup!r}")
-    _check_integer(0, warmup=warmup)
+    check_integer(0, warmup=warmup)
     return int(warmup), None
 
 
@@ -175,14 +175,14 @@ def _check_draws(draws, target_ess, max_draws) -> tuple[int, float | None, int |
             raise ValueError(f"draws must be a positive integer or 'auto', got {draws!r}")
         max_draws = DEFAULT_MAX_DRAWS if max_draws is None else max_draws
         target_ess = DEFAULT_TARGET_ESS if target_ess is None else target_ess
-        _check_integer(1, max_draws=max_draws)
+        check_integer(1, max_draws=max_draws)
         if isinstance(target_ess, bool) or not isinstance(target_ess, int | float | np.number) or \
                 not 0 < target_ess < math.inf:
             raise ValueError(f"target_ess must be a positive number, got {target_ess!r}")
         return int(max_draws), float(target_ess), int(max_draws)
     if target_ess is not None or max_draws is not None:
         raise ValueError(f"target_ess and max_draws need draws='auto', got draws={draws!r}")
-    _check_integer(1, draws=draws)
+    check_integer(1, draws=draws)
     return int(draws), None, None
 
 
@@ -206,7 +206,7 @@ def geometry_for(layout: schema.Layout, chains: int, draws: int, chains_per_task
     return Geometry(chains, draws, chains_per_task, dps)
 
 
-def _check_integer(low: int, **values) -> None:
+def check_integer(low: int, **values) -> None:
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
             kind = "a positive" if low == 1 else "a non-negative"

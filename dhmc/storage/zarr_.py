@@ -152,7 +152,7 @@ def save_warmup(root: zarr.Group, positions: np.ndarray, params: dict, history: 
     root[INTERNAL].create_array("warmup_position", data=positions, chunks=positions.shape,
                                 dimension_names=["chain", "unconstrained"], overwrite=True)
     root.attrs.update({"dhmc_params": {k: np.asarray(v).tolist() for k, v in params.items()},
-                       "dhmc_warmup": history})
+                       "dhmc_warmup": json.dumps(history)})  # JSON text, as in a finished run's attrs
 
 
 def adapted_params(path) -> dict:
@@ -174,12 +174,14 @@ def load_initial_params(root: zarr.Group, dtype) -> dict | None:
     return None if saved is None else {k: np.asarray(v, dtype=dtype) for k, v in saved.items()}
 
 
-def load_warmup(root: zarr.Group, dtype) -> tuple[np.ndarray, dict] | None:
-    """The post-warmup positions and parameters, or None if warmup did not finish."""
+def load_warmup(root: zarr.Group, dtype) -> tuple[np.ndarray, dict, list[dict]] | None:
+    """The post-warmup positions, parameters and per-round history, or None if warmup did not finish."""
     if "dhmc_params" not in root.attrs or "warmup_position" not in root[INTERNAL]:
         return None
     params = {k: np.asarray(v, dtype=dtype) for k, v in root.attrs["dhmc_params"].items()}
-    return root[f"{INTERNAL}/warmup_position"][...], params
+    history = root.attrs.get("dhmc_warmup", "[]")
+    history = json.loads(history) if isinstance(history, str) else history  # a list in an earlier dhmc's store
+    return root[f"{INTERNAL}/warmup_position"][...], params, history
 
 
 def save_inputs(root: zarr.Group, inputs: dict[str, dict]) -> None:
