@@ -1,17 +1,20 @@
-"""Type aliases shared across dhmc."""
+"""Type aliases shared across dhmc, and the names of the sample statistics (a leaf: it imports no JAX at run time,
+so that storage, which takes the names from here, stays light to import)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import jax
+if TYPE_CHECKING:
+    import jax
 
-Array = jax.Array
+    Array = jax.Array
+    PRNGKey = jax.Array
+else:  # annotations only: the aliases need no JAX at run time
+    Array = PRNGKey = Any
 ArrayTree = Any
-PRNGKey = jax.Array
 LogDensityFn = Callable[[Array], Array]
-
 
 
 class SampleStats(NamedTuple):
