@@ -31,7 +31,7 @@ import sys
 import time
 
 from benchmarks.harness import parse_args_or_run_child, run_child, table, write_json
-from benchmarks.machine import cores, machine
+from benchmarks.machine import cores, cpu_line, machine
 
 EXACT = {  # Beta(a, b): mean a / (a + b), sd sqrt(ab / ((a + b)^2 (a + b + 1)))
     "p[0]": (21, 21),
@@ -265,10 +265,10 @@ def main(argv=None) -> int:
 
     payload["wall_s"] = time.perf_counter() - started
     path = write_json(args.out, payload)
-    print()
+    print(f"\n{cpu_line()}")
     if "equal_work" in payload:
         rows = [r for r in payload["equal_work"]["runs"] if "error" not in r]
-        print("Equal work (fixed-step HMC):")
+        print("\nEqual work (fixed-step HMC):")
         print(table(rows, [("kind", "sampler", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
                              ("num_steps", "steps", "d"), ("seconds", "cold s", ".2f"),
                              ("warm_seconds", "warm s", ".2f"), ("chain_draws_per_s", "cold draws/s", ",.0f"),

@@ -26,7 +26,7 @@ import sys
 import time
 
 from benchmarks.harness import RESULTS, timed, write_json
-from benchmarks.machine import cores, machine
+from benchmarks.machine import cores, cpu_line, machine
 from benchmarks.samplers import floor_sampler
 from benchmarks.targets import TARGETS
 
@@ -47,7 +47,7 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     init = target.init(chains)
     resolved = LogDensityTarget(target.logdensity, {target.key: init[0]}, name="bench")
     model = resolved.build()
-    geometry = geometry_for(layout_for(model), chains, draws, chains_per_task, gpu=False)
+    geometry = geometry_for(model, layout_for(model), chains, draws, chains_per_task, gpu=False)
     cpt, dps = geometry.chains_per_task, geometry.draws_per_segment
     spec = RunSpec(model="bench", chains=chains, draws=draws, warmup=0, seed=1, kernel="hmc", step_size=eps,
                    num_steps=steps, trajectory_length=None, adapt=False, dense_mass=False, target_accept=0.8,
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     res["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     payload = {"benchmark": "dhmc_overhead", "machine": machine(), "result": res}
     path = write_json(args.out, payload)
+    print(cpu_line())
     w = max(len(k) for k in res)
     for k, v in res.items():
         print(f"{k:<{w}}  {v:.4g}" if isinstance(v, float) else f"{k:<{w}}  {v}")

@@ -57,7 +57,8 @@ def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     return "\n".join([fmt_line(head), fmt_line(["-" * w for w in widths]), *map(fmt_line, body)])
 
 
-def run_child(module: str, config: dict, timeout: float, env: dict | None = None, cache: str = "fresh") -> dict:
+def run_child(module: str, config: dict, timeout: float, env: dict | None = None, cache: str = "fresh",
+              prefix: tuple[str, ...] = ()) -> dict:
     """Run ``python -m module --child CONFIG`` from the repository root in a fresh process; return its record.
 
     A fresh process per measurement keeps one sampler's compiled programs, caches and memory out of the
@@ -65,7 +66,8 @@ def run_child(module: str, config: dict, timeout: float, env: dict | None = None
     ``cache`` sets dhmc's persistent compilation cache: ``fresh``, an empty folder for this process only
     (dhmc's workers share compiled programs through it, as they do for a user, but nothing from an earlier
     run is reused: cold stays cold); ``off``, none; ``user``, dhmc's default folder, possibly warm from
-    earlier runs (what the contract check sees). Failures come back as ``{"error": ...}``, never raised.
+    earlier runs (what the contract check sees). ``prefix`` goes before the command (``("taskset", "-c", "1")``).
+    Failures come back as ``{"error": ...}``, never raised.
     """
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -76,7 +78,7 @@ def run_child(module: str, config: dict, timeout: float, env: dict | None = None
         folder = tempfile.mkdtemp(prefix="dhmc-bench-cache-")
         full_env["DHMC_CACHE_DIR"] = folder
         full_env["DHMC_COMPILATION_CACHE"] = "1"
-    argv = [sys.executable, "-m", module, "--child", json.dumps(config)]
+    argv = [*prefix, sys.executable, "-m", module, "--child", json.dumps(config)]
     t = time.perf_counter()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=str(REPO))
@@ -127,9 +129,13 @@ def report_errors(rows: list[dict], label, tail: int = 1500) -> int:
 
 
 def finish(path, rows: list[dict], label, sections, started: float | None = None, tail: int = 1500) -> int:
-    """A benchmark's end: its tables (each after a blank line), every failed measurement, where the JSON
-    went (and the seconds since ``started``); returns the exit code (:func:`report_errors`)."""
-    for text in sections:
+    """A benchmark's end: the CPU (:func:`benchmarks.machine.cpu_line`), its tables (each non-empty one after a
+    blank line), every failed measurement, where the JSON went (and the seconds since ``started``); returns the
+    exit code (:func:`report_errors`)."""
+    from benchmarks.machine import cpu_line
+
+    print(f"\n{cpu_line()}")
+    for text in filter(None, sections):
         print()
         print(text)
     code = report_errors(rows, label, tail)

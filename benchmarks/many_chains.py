@@ -68,7 +68,7 @@ import traceback
 
 from benchmarks import ess  # the problems, compare.py's verdict, the markdown table
 from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, run_child, write_json
-from benchmarks.machine import cores, have_dask_cuda, lscpu, machine
+from benchmarks.machine import cores, have_dask_cuda, machine
 
 SAMPLERS = ("dhmc", "numpyro", "chees", "meads", "laps")
 PROBLEMS = ess.REFERENCE + ("gauss100_rot", "funnel")
@@ -580,7 +580,7 @@ def main(argv=None) -> int:
     def save():
         add_ratios(rows)
         return write_json(args.out, {
-            "benchmark": "many_chains", "machine": {**machine(), "lscpu": lscpu()},
+            "benchmark": "many_chains", "machine": machine(),
             "wall_s": time.perf_counter() - started,
             "settings": settings, "summary": summarise(rows),
             "notes": ["seq_grads: gradient evaluations of one chain (the slowest), warmup included, to the first "

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import parse_args_or_run_child, report_errors, run_child, table, write_json
-from benchmarks.machine import machine
+from benchmarks.machine import cpu_line, machine
 
 GIB = 2**30
 
@@ -134,6 +134,7 @@ def main(argv=None) -> int:
                "notes": ["driver peak = ru_maxrss of the process calling dhmc.sample (imports included)",
                          "workers peak = max over time of the summed RSS of its descendant processes"]}
     path = write_json(args.out, payload)
+    print(cpu_line())
     print(table(rows, [("mode", "mode", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
                          ("seconds", "seconds", ".1f"), ("chain_draws_per_s", "draws/s", ",.0f"),
                          ("driver_peak_rss_gib", "driver peak GiB", ".2f"),

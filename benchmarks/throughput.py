@@ -15,10 +15,15 @@ points, no adaptation, no warmup: every sampler does chains x draws x num_steps 
 Cold = first call in a fresh process (compile included); warm = the second call in the same process.
 NumPyro re-traces and recompiles on every ``MCMC.run`` (and once per chain when sequential), so its
 "warm" number still includes compiling. Each (target, sampler, chains) runs in its own process.
-Writes ``results/throughput.json``.
+
+Kernel ratio (``--kernel-ratio``, on with ``--contract``): per (target, chains), one more process pinned to
+one core (``taskset -c <last core>``) runs ``dhmc_overhead.measure``: dhmc's block program (its worker's
+``run_job``, no cluster) and the floor's on the same block (chains_per_task x draws_per_segment), device
+seconds of each in that one process. Printed beside the totals with dhmc's own per-block device seconds in
+the run (the probe's ``block_device_seconds_sum / blocks``). Writes ``results/throughput.json``.
 
     python -m benchmarks.throughput                         # full: 64 .. 16384 chains, 3 targets
-    python -m benchmarks.throughput --chains 1024 --targets logistic   # the contract's size
+    python -m benchmarks.throughput --contract              # the contract's case, with the kernel ratio
     python -m benchmarks.throughput --quick                 # tiny: 4 chains x 50 draws
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 
@@ -36,12 +42,19 @@ from benchmarks.targets import TARGETS
 
 METHODS = ("dhmc", "floor", "blackjax", "numpyro", "numpyro_seq")
 FULL_CHAINS = (64, 256, 1024, 4096, 16384)
+# the contract check (../shared/contract/throughput): logistic regression N=1000 D=10, step 0.02, 10 leapfrog steps,
+# 1024 chains x 400 draws, cold, dhmc on its embedded default cluster; the same as
+# --chains 1024 --targets logistic --methods dhmc,floor,blackjax,numpyro --no-warm
+CONTRACT = {"targets": ["logistic"], "chains": [1024], "methods": ["dhmc", "floor", "blackjax", "numpyro"],
+            "draws": 400, "num_steps": 10, "step_size": 0.02, "no_warm": True, "chains_per_task": None}
 
 
 # -- one measurement (child process) -----------------------------------------------------------------------
 
 
 def child(cfg: dict) -> dict:
+    if cfg["method"] == "kernel":
+        return _child_kernel(cfg)
     import numpy as np
 
     target = TARGETS[cfg["target"]]()
@@ -175,6 +188,15 @@ def _child_dhmc(cfg, target, init) -> dict:
     return out
 
 
+def _child_kernel(cfg) -> dict:
+    """dhmc's block program vs the floor's on the same block, both in this process (``dhmc_overhead.measure``)."""
+    from benchmarks.dhmc_overhead import measure
+
+    res = measure(cfg["target"], cfg["chains"], cfg["draws"], cfg["num_steps"], cfg["step_size"],
+                  cfg["chains_per_task"], full_floor=False)
+    return {"kernel": res, "affinity": sorted(os.sched_getaffinity(0))}
+
+
 # -- the driver ----------------------------------------------------------------------------------------------
 
 
@@ -192,6 +214,63 @@ def configs(args) -> list[dict]:
                             "num_steps": args.num_steps, "step_size": args.step_size, "warm": not args.no_warm,
                             "chains_per_task": cpt, "gpu": args.gpu})
     return out
+
+
+def kernel_configs(args) -> list[dict]:
+    """One kernel-ratio measurement per (target, chains), with the runs' block settings."""
+    return [{"target": target, "method": "kernel", "chains": chains, "draws": args.draws, "num_steps": args.num_steps,
+             "step_size": args.step_size, "chains_per_task": args.chains_per_task}
+            for target in args.targets for chains in args.chains]
+
+
+def one_core() -> tuple[str, ...]:
+    """``taskset -c <last core>``, to pin the kernel measurement (nothing where taskset is missing)."""
+    if not shutil.which("taskset") or not hasattr(os, "sched_getaffinity"):
+        return ()
+    return ("taskset", "-c", str(max(os.sched_getaffinity(0))))
+
+
+def kernel_record(cfg: dict, rec: dict, rows: list[dict]) -> dict:
+    """The kernel measurement's JSON record, with dhmc's own per-block device seconds in this run beside it."""
+    out = {**cfg, **{k: v for k, v in rec.items() if k != "kernel"}}
+    k = rec.get("kernel")
+    if not k:
+        return out
+    out.update({key: k[key] for key in ("chains_per_task", "draws_per_segment", "dhmc_block_device_s",
+                                        "floor_block_device_s", "kernel_ratio_dhmc_over_floor_same_block",
+                                        "dhmc_block_compile_s", "floor_block_compile_s")})
+    out["measure"] = k
+    for r in rows:
+        if r.get("method") != "dhmc" or r["target"] != cfg["target"] or r["chains"] != cfg["chains"] or "error" in r:
+            continue
+        for kind in ("cold", "warm"):
+            p = r.get(f"probe_{kind}") or {}
+            if p.get("blocks") and f"dhmc_run_block_device_s_{kind}" not in out:
+                out[f"dhmc_run_block_device_s_{kind}"] = p["block_device_seconds_sum"] / p["blocks"]
+                out[f"dhmc_run_block_over_floor_block_{kind}"] = (out[f"dhmc_run_block_device_s_{kind}"]
+                                                                 / k["floor_block_device_s"])
+                out[f"dhmc_run_block_{kind}"] = f"{p.get('chains_per_block')} x {p.get('iterations_per_block')}"
+    return out
+
+
+def kernel_lines(kernels: list[dict]) -> str:
+    """One line per kernel-ratio measurement."""
+    lines = []
+    for k in kernels:
+        if "kernel_ratio_dhmc_over_floor_same_block" not in k:
+            continue
+        cpus = ",".join(map(str, k.get("affinity", []))) or "?"
+        line = (f"kernel, same block ({k['target']} {k['chains']} chains: blocks of {k['chains_per_task']} chains x "
+                f"{k['draws_per_segment']} draws) in one process on CPU {cpus}: dhmc {k['dhmc_block_device_s']:.3f} s,"
+                f" floor {k['floor_block_device_s']:.3f} s, "
+                f"dhmc/floor {k['kernel_ratio_dhmc_over_floor_same_block']:.2f}")
+        for kind in ("cold", "warm"):
+            if f"dhmc_run_block_device_s_{kind}" in k:
+                line += (f"; dhmc's {k[f'dhmc_run_block_{kind}']} blocks in the {kind} run: "
+                         f"{k[f'dhmc_run_block_device_s_{kind}']:.3f} s each "
+                         f"({k[f'dhmc_run_block_over_floor_block_{kind}']:.2f}x the floor's)")
+        lines.append(line)
+    return "\n".join(lines)
 
 
 COLUMNS = [
@@ -255,14 +334,27 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (interleaved)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per measurement process")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: 4 chains x 50 draws (sequential NumPyro too)")
+    ap.add_argument("--contract", action="store_true",
+                    help="the contract check's case: logistic, 1024 chains x 400 draws, step 0.02, 10 steps, cold, "
+                         "dhmc/floor/blackjax/numpyro, with the kernel ratio (sets those options; --quick then "
+                         "shrinks it to 4 x 50)")
+    ap.add_argument("--kernel-ratio", action=argparse.BooleanOptionalAction, default=None,
+                    help="also measure dhmc's block program against the floor's on the same block, in one process "
+                         "pinned to one core (benchmarks.dhmc_overhead.measure); default: on with --contract")
     ap.add_argument("--gpu", action="store_true",
                     help="run JAX on the GPU: dhmc on dask-cuda's LocalCUDACluster when importable, else a 1-worker "
                          "LocalCluster; chains_per_task = chains (up to 2^16) unless given")
     args = parse_args_or_run_child(ap, argv, child, "throughput.json")
     if args is None:
         return 0
+    if args.contract:
+        vars(args).update(CONTRACT)
     if args.quick:
         args.chains, args.draws, args.sequential_max = [4], 50, 4
+    if args.kernel_ratio is None:
+        args.kernel_ratio = args.contract
+    if args.kernel_ratio and args.gpu:
+        ap.error("--kernel-ratio measures on one CPU core: not with --gpu")
     unknown = [t for t in args.targets if t not in TARGETS] + [m for m in args.methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown target/method {unknown}; targets {list(TARGETS)}, methods {list(METHODS)}")
@@ -270,19 +362,23 @@ def main(argv=None) -> int:
     env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cuda,cpu" if args.gpu else "cpu")}
     if args.gpu:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # driver, worker and samplers share the GPU
-    rows = []
+    rows, kernels = [], []
     started = time.perf_counter()
 
     def payload():
         return {"benchmark": "throughput", "machine": machine(), "wall_s": time.perf_counter() - started,
-                "settings": {"draws": args.draws, "num_steps": args.num_steps, "step_size": args.step_size,
-                             "dhmc_compile_cache": args.dhmc_compile_cache, "repeat": args.repeat,
-                             "chains_per_task": args.chains_per_task, "gpu": args.gpu},
+                "settings": {"targets": args.targets, "chains": args.chains, "methods": args.methods,
+                             "draws": args.draws, "num_steps": args.num_steps, "step_size": args.step_size,
+                             "warm": not args.no_warm, "dhmc_compile_cache": args.dhmc_compile_cache,
+                             "repeat": args.repeat, "chains_per_task": args.chains_per_task, "gpu": args.gpu,
+                             "contract": args.contract, "kernel_ratio": args.kernel_ratio},
                 "notes": ["t/t_dhmc > 1: dhmc faster",
                           "dhmc cold includes starting and stopping its cluster (embedded default on CPUs)",
                           "grad evals = chains x draws x num_steps",
-                          "NumPyro recompiles on every MCMC.run: its warm number includes compiling"],
-                "runs": rows}
+                          "NumPyro recompiles on every MCMC.run: its warm number includes compiling",
+                          "kernel_ratio: dhmc's block program / the floor's on the same block, device seconds, one "
+                          "process pinned to one core (dhmc_overhead.measure)"],
+                "runs": rows, "kernel_ratio": kernels}
 
     for rep in range(args.repeat):
         for cfg in configs(args):
@@ -297,8 +393,18 @@ def main(argv=None) -> int:
             add_ratios(rows)
             write_json(args.out, payload())  # after each measurement: a time limit keeps what was done
     add_ratios(rows)
-    return finish(write_json(args.out, payload()), rows, lambda r: f"{r['target']} {r['chains']} {r['method']}",
-                    [table(rows, COLUMNS), dhmc_breakdown(rows)], tail=800)
+    for cfg in kernel_configs(args) if args.kernel_ratio else []:
+        t = time.perf_counter()
+        # no persistent cache: dhmc's block compile is measured too
+        rec = run_child(__spec__.name, cfg, args.timeout, env, "off", prefix=one_core())
+        kernels.append(kernel_record(cfg, rec, rows))
+        status = rec.get("error") or f"dhmc/floor {kernels[-1]['kernel_ratio_dhmc_over_floor_same_block']:.2f}"
+        print(f"[{time.perf_counter() - t:6.1f} s] {cfg['target']:>11s} {cfg['chains']:>6d} {'kernel':>11s}: {status}",
+              flush=True)
+        write_json(args.out, payload())
+    return finish(write_json(args.out, payload()), rows + kernels,
+                  lambda r: f"{r['target']} {r['chains']} {r['method']}",
+                  [table(rows, COLUMNS), dhmc_breakdown(rows), kernel_lines(kernels)], tail=800)
 
 
 if __name__ == "__main__":

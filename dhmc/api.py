@@ -102,7 +102,10 @@ def sample(
         None (an embedded local cluster), ``"local"``, ``"cuda"``, ``"slurm"``, a scheduler address, a
         ``distributed.Client`` or a ``Cluster``.
     chains_per_task
-        Chains per block; the draws are bitwise reproducible for a given seed and ``chains_per_task``.
+        Chains per block; the draws are bitwise reproducible for a given seed and ``chains_per_task``. None:
+        about 1/16 of the ensemble on CPUs, at most as many chains as this machine's L2 cache holds the
+        log density's largest array for (so it can differ between machines: give it to reproduce a run
+        bitwise elsewhere); the whole ensemble (up to 2**16) on a GPU.
     store
         A Zarr path; blocks are written there as they finish and the result is opened lazily from it.
     model_args, model_kwargs
@@ -151,7 +154,7 @@ def sample(
         options, params = adapted_options(adapted_from, options, model.dim)
         dense_mass = params["inverse_mass_matrix"].ndim == 2
     layout = layout_for(model, warmup_draws=options["warmup"] if save_warmup else 0)
-    geometry = geometry_for(layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
+    geometry = geometry_for(model, layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
                             target_ess=options["target_ess"])
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=geometry.chains_per_task,
                    draws_per_segment=geometry.draws_per_segment, x64=bool(jax.config.jax_enable_x64),

@@ -96,6 +96,54 @@ def test_throughput_reference_samplers_tiny(tmp_path):
     assert runs[0]["mean0"] == pytest.approx(runs[1]["mean0"], abs=1e-4)
 
 
+def test_throughput_kernel_ratio_and_cpu_tiny(tmp_path):
+    """``--kernel-ratio``: dhmc's block program vs the floor's on the same block, in one pinned process; the JSON
+    names the CPU and the printed tables start with it."""
+    out = tmp_path / "throughput.json"
+    stdout = _run("throughput", ["--quick", "--targets", "coin_toss", "--methods", "floor", "--no-warm",
+                                 "--kernel-ratio", "--out", out], 300)
+    payload = json.loads(out.read_text())
+    assert payload["machine"]["cpu"]["cores_available"] >= 1
+    assert "\nCPU: " in stdout
+    [k] = payload["kernel_ratio"]
+    assert "error" not in k, k
+    assert k["dhmc_block_device_s"] > 0 and k["floor_block_device_s"] > 0
+    assert k["kernel_ratio_dhmc_over_floor_same_block"] == pytest.approx(k["dhmc_block_device_s"]
+                                                                        / k["floor_block_device_s"])
+    assert (k["chains_per_task"], k["draws_per_segment"]) == (4, 50)
+    assert "kernel, same block (coin_toss 4 chains" in stdout
+
+
+def test_throughput_contract_is_the_contract_case():
+    """``--contract`` selects the contract check's case, the same as the spelled-out options."""
+    from benchmarks import throughput
+
+    assert throughput.CONTRACT == {"targets": ["logistic"], "chains": [1024],
+                                   "methods": ["dhmc", "floor", "blackjax", "numpyro"], "draws": 400, "num_steps": 10,
+                                   "step_size": 0.02, "no_warm": True, "chains_per_task": None}
+
+
+def test_machine_names_the_cpu_and_never_raises(monkeypatch, tmp_path):
+    """``machine()["cpu"]``: model, cores, caches, ISA where readable; with no sysfs, lscpu or /proc: what is left."""
+    from benchmarks import machine
+
+    info = machine.machine()["cpu"]
+    assert info["cores_available"] >= 1
+    assert machine.cpu_line(info).startswith("CPU: ")
+    machine.cpu.cache_clear()
+    monkeypatch.setattr(machine, "SYS_CPU", tmp_path / "missing")
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: {})
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        bare = machine.cpu()
+    finally:
+        machine.cpu.cache_clear()
+    assert set(bare) <= {"cores_available", "logical_cpus"}
+    assert machine.cpu_line(bare).startswith("CPU: unknown model")
+    assert machine._lscpu_cache_bytes("2097152 (2 instances)") == {"bytes_per_instance": 1048576, "instances": 2}
+    assert machine._size_bytes("1024K") == 2**20 and machine._cpu_list("0-2,5") == [0, 1, 2, 5]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_run_quick_writes_every_result(tmp_path):
@@ -107,7 +155,7 @@ def test_run_quick_writes_every_result(tmp_path):
     for name in ("throughput", "ess", "memory", "coin_toss_headline", "dhmc_overhead"):
         payload = json.loads((tmp_path / f"{name}.json").read_text())
         assert payload["benchmark"] == name
-        assert "machine" in payload
+        assert "cpu" in payload["machine"]
     runs = json.loads((tmp_path / "throughput.json").read_text())["runs"]
     assert {r["method"] for r in runs} >= {"dhmc", "floor", "blackjax", "numpyro"}
     assert all("error" not in r for r in runs)

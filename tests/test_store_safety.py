@@ -126,7 +126,7 @@ def test_a_block_of_the_wrong_shape_is_never_marked_done(tmp_path):
 
     model = example("gaussian_2d").build()
     layout = layout_for(model)
-    geometry = geometry_for(layout, 16, 40, 8, gpu=False)
+    geometry = geometry_for(model, layout, 16, 40, 8, gpu=False)
     root = zarr_.create_store(tmp_path / "s.zarr", layout, geometry, model.dim, model.dtype,
                               {"inference_library": "dhmc"})
     sink = StoreSink(root, str(tmp_path / "s.zarr"), layout, geometry, "run")

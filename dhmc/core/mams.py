@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 
+from dhmc.core.integrators import trajectory
 from dhmc.core.metropolis import HMCState, Proposal, metropolis_kernel
 from dhmc.types import Array
 
@@ -57,37 +57,39 @@ def _preconditioner(inverse_mass_matrix: Array):
 
 
 class IsokineticState(NamedTuple):
-    """Carried through a trajectory: position, unit velocity, gradient and the kinetic-energy change so far."""
+    """Carried through a trajectory: position, unit velocity, log density (set by the last step only: see
+    :func:`dhmc.core.integrators.trajectory`), gradient and the kinetic-energy change so far."""
 
     position: Array
     velocity: Array
+    logdensity: Array
     logdensity_grad: Array
     kinetic_change: Array
 
 
-def propose(rng_key, state: HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_steps) -> Proposal:
-    """Draw a unit velocity and follow ``num_steps`` isokinetic steps; the energy is ``-log p``.
+def propose(noise, state: HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_steps) -> Proposal:
+    """Take the unit velocity along standard normal ``noise`` and follow ``num_steps`` isokinetic steps; the
+    energy is ``-log p``.
 
     The energy error adds the kinetic-energy change the velocity updates report; the reported
     energies are ``-log p`` alone (MAMS has no kinetic energy to add), and the velocity is
     ``dx/dt = S u``, for ChEES.
     """
     to_x, whiten = _preconditioner(inverse_mass_matrix)
-    grad_fn = jax.grad(logdensity_fn)
-    u = jax.random.normal(rng_key, state.position.shape, state.position.dtype)
-    u = u / jnp.sqrt(jnp.sum(u**2))
+    u = noise / jnp.sqrt(jnp.sum(noise**2))
     half = 0.5 * step_size
 
-    def one_step(_, s: IsokineticState) -> IsokineticState:
+    def one_step(s: IsokineticState, evaluate) -> IsokineticState:
         u, k1 = velocity_update(s.velocity, whiten(s.logdensity_grad), half)
         x = s.position + step_size * to_x(u)
-        grad = grad_fn(x)
+        logdensity, grad = evaluate(x)
         u, k2 = velocity_update(u, whiten(grad), half)
-        return IsokineticState(x, u, grad, s.kinetic_change + k1 + k2)
+        return IsokineticState(x, u, logdensity, grad, s.kinetic_change + k1 + k2)
 
     zero = jnp.zeros((), state.position.dtype)
-    end = jax.lax.fori_loop(0, num_steps, one_step, IsokineticState(state.position, u, state.logdensity_grad, zero))
-    logdensity = logdensity_fn(end.position)
+    start = IsokineticState(state.position, u, state.logdensity, state.logdensity_grad, zero)
+    end = trajectory(logdensity_fn, one_step, start, num_steps)
+    logdensity = end.logdensity
     return Proposal(HMCState(end.position, logdensity, end.logdensity_grad), to_x(end.velocity),
                     state.logdensity - logdensity + end.kinetic_change, -state.logdensity, -logdensity)
 

@@ -132,20 +132,25 @@ def _extra_groups(run: RunContext) -> dict[str, dict[str, tuple]]:
 
 def _warmup(run: RunContext, runner: Runner, root):
     """Post-warmup positions, parameters and history: from the store when a resume finds them there."""
+    if root is None:  # no store: no zarr to import
+        return _run_warmup(run, runner)
     from dhmc.storage import zarr_
 
-    spec, model = run.spec, run.model
-    saved = zarr_.load_warmup(root, model.dtype) if run.resume else None
+    saved = zarr_.load_warmup(root, run.model.dtype) if run.resume else None
     if saved is not None:
         return saved
+    positions, params, history = _run_warmup(run, runner)
+    zarr_.save_warmup(root, positions, params, history)
+    return positions, params, history
+
+
+def _run_warmup(run: RunContext, runner: Runner):
+    spec, model = run.spec, run.model
     positions = run.positions
     if positions is None:  # a resume before warmup finished starts again, deterministically
         positions = initial_positions(model, spec.model, None, spec.seed, spec.chains)
     params = run.params if run.params is not None else initial_params(spec, model.dim, model.dtype)
-    positions, params, history = runner.warmup(positions, params) if spec.warmup else (positions, params, [])
-    if root is not None:
-        zarr_.save_warmup(root, positions, params, history)
-    return positions, params, history
+    return runner.warmup(positions, params) if spec.warmup else (positions, params, [])
 
 
 def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dict]) -> RunContext:
@@ -218,13 +223,15 @@ def _final_check(spec: RunSpec, monitor: ConvergenceMonitor) -> dict:
 
 def _start_positions(run: RunContext, root, positions) -> dict:
     """``{chunk: (segment, positions)}``: where each chunk's sampling continues."""
+    geometry = run.spec.geometry
+    if not run.resume:
+        return {c: (0, positions[geometry.chunk(c).start:geometry.chunk(c).stop]) for c in range(geometry.num_chunks)}
     from dhmc.storage import zarr_
 
-    geometry = run.spec.geometry
-    done = zarr_.blocks_done(root) if run.resume else None
+    done = zarr_.blocks_done(root)
     starts = {}
     for c in range(geometry.num_chunks):
         chains = slice(geometry.chunk(c).start, geometry.chunk(c).stop)
-        seg = 0 if done is None else (geometry.num_segments if done[c].all() else int(np.argmin(done[c])))
+        seg = geometry.num_segments if done[c].all() else int(np.argmin(done[c]))
         starts[c] = (seg, positions[chains] if seg == 0 else zarr_.segment_start_positions(root, seg, chains))
     return starts

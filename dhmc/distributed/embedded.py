@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from distributed import Scheduler, SpecCluster
 from distributed.core import Status
 from distributed.deploy.subprocess import SubprocessWorker
+from tornado import web
 
 from dhmc.distributed import network
 
-__all__ = ["local_cluster", "EmbeddedCluster", "PinnedWorker", "WorkerDeath", "available_cores"]
+__all__ = ["local_cluster", "EmbeddedCluster", "DashboardOnDemand", "PinnedWorker", "WorkerDeath", "available_cores"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,34 @@ class EmbeddedCluster(SpecCluster):
             self.workers.update(workers)
             self._early_address = None
         await super()._start()
+        application = getattr(self.scheduler, "http_application", None)
+        if application is not None and not any(isinstance(a, DashboardOnDemand) for a in application.applications):
+            application.add_application(DashboardOnDemand(self.scheduler))
+
+
+class DashboardOnDemand(web.Application):
+    """Dask's bokeh dashboard, connected to the scheduler's HTTP server by the first request nothing else serves.
+
+    Importing it takes ~1.2 s of CPU, which a cold run on a few cores pays in wall time (the workers'
+    start and the block program's compile share those cores) although most runs' dashboard is never
+    opened; the first page opened takes that much longer instead. dhmc's own page (``/dhmc``) and the
+    Prometheus metrics are served from the start.
+    """
+
+    def __init__(self, scheduler: Scheduler):
+        super().__init__()  # no routes of its own (Dask's route listing reads them)
+        self.scheduler = scheduler
+
+    def find_handler(self, request, **kwargs):
+        application = self.scheduler.http_application
+        if self in application.applications:
+            application.applications.remove(self)
+            try:
+                from distributed.dashboard.scheduler import connect
+            except ImportError:  # no bokeh: Dask's routes say so
+                return None
+            connect(application, self.scheduler.http_server, self.scheduler)
+        return application.find_handler(request, **kwargs)
 
 
 def _free_port(host: str) -> int:
@@ -177,6 +206,11 @@ class _ReportedByDhmc(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not (message.startswith("Task ") and "marked as failed because" in message)
+
+
+# Dask's statistical profiler samples a worker's Python stack every 10 ms on the core the block runs on; a
+# block is one XLA call, so it shows nothing and cost ~2-4% of a cold contract-size run here
+_WORKER_PROFILER = "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"
 
 
 def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboard_address: str = "127.0.0.1:0",
@@ -195,6 +229,7 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
     log_dir = tempfile.mkdtemp(prefix="dhmc-workers-")
     security = network.security_for(host, security)
     env = network.security_env(security, os.path.join(log_dir, "tls")) if security is not None else {}
+    env[_WORKER_PROFILER] = "False"
     workers = {}
     for i in range(n_workers):
         mine = [cores[i % len(cores)]] if pin and n_workers <= len(cores) else None
@@ -205,6 +240,7 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
     port = _free_port(host)
     protocol = "tls" if security is not None else "tcp"
     scheduler = {"cls": Scheduler, "options": {"host": host, "port": port, "dashboard_address": dashboard_address,
+                                               "dashboard": False,  # connected on demand: DashboardOnDemand
                                                "protocol": protocol, "security": security}}
     return EmbeddedCluster(workers=workers, scheduler=scheduler, name="dhmc-local", silence_logs=40,
                            scheduler_address=f"{protocol}://{host}:{port}", log_dir=log_dir, security=security)

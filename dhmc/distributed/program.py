@@ -85,7 +85,8 @@ def precompile(model, config: KernelConfig, phase: str, num_iterations: int, cha
     """Compile a block program here and serialize it for workers on this machine and backend."""
     args = program_args(phase, chains, model.dim, model.dtype, dense_mass)
     compiled = compile_program(build_program(model, config, phase, num_iterations), args)
-    return cloudpickle.dumps((jax.default_backend(), serialize(compiled)))
+    lapack = jax.default_backend() == "cpu" and 'custom_call_target="lapack_' in compiled.as_text()
+    return cloudpickle.dumps((jax.default_backend(), lapack, serialize(compiled)))
 
 
 def load_executable(executable: bytes | None):
@@ -93,9 +94,30 @@ def load_executable(executable: bytes | None):
     if executable is None:
         return None
     try:
-        backend, (payload, in_tree, out_tree) = cloudpickle.loads(executable)
+        backend, lapack, (payload, in_tree, out_tree) = cloudpickle.loads(executable)
         if backend != jax.default_backend():
             return None
+        if lapack:
+            _initialize_lapack_kernels()
         return deserialize_and_load(payload, in_tree, out_tree)
     except Exception:  # noqa: BLE001 - fall back to compiling here
         return None
+
+
+_LAPACK_READY = False
+
+
+def _initialize_lapack_kernels() -> None:
+    """Fill in jaxlib's LAPACK kernel table, which an executable loaded from bytes relies on.
+
+    jaxlib sets the function pointers of its CPU LAPACK kernels (Cholesky, triangular solve, eigh,
+    QR, LU, ...) only when a program calling one is *lowered*. A process that merely loads a
+    serialized executable never lowers one, and its first LAPACK call jumps through a null pointer
+    (SIGSEGV): that killed every embedded worker on ``dense_mass=True`` or a ``cholesky`` in the
+    model. Lowering one tiny Cholesky fills in the whole table (~0.3 s, once per process; only for
+    programs that call LAPACK, so that other workers start that much sooner).
+    """
+    global _LAPACK_READY
+    if not _LAPACK_READY:
+        jax.jit(jnp.linalg.cholesky).lower(jax.ShapeDtypeStruct((1, 1), jnp.float32))
+        _LAPACK_READY = True

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from dhmc.core.ensemble import KERNELS, KernelConfig
+from dhmc.distributed.cache import chain_working_set, chains_in_cache
 from dhmc.distributed.warmup import DEFAULT_MAX_WARMUP, auto_rounds, fixed_rounds
 from dhmc.geometry import Geometry, default_chains_per_task, default_draws_per_segment
 from dhmc.storage import schema
@@ -196,14 +197,26 @@ def layout_for(model, warmup_draws: int = 0) -> schema.Layout:
     return replace(layout, warmup_draws=int(warmup_draws))
 
 
-def geometry_for(layout: schema.Layout, chains: int, draws: int, chains_per_task: int | None, gpu: bool,
+def geometry_for(model, layout: schema.Layout, chains: int, draws: int, chains_per_task: int | None, gpu: bool,
                  target_ess: float | None = None) -> Geometry:
-    """The blocks of a run: chains per task (from the ensemble size) and draws per segment (from its bytes)."""
-    chains_per_task = min(int(chains_per_task or default_chains_per_task(chains, gpu=gpu)), chains)
+    """The blocks of a run: chains per task (by default from the ensemble size and, on CPUs, how many of
+    ``model``'s chains a core's cache holds) and draws per segment (from its bytes)."""
+    if chains_per_task is None:
+        chains_per_task = default_chains_per_task(chains, gpu=gpu, fits=None if gpu else _chains_in_cache(model))
+    chains_per_task = min(int(chains_per_task), chains)
     every = [*layout.posterior.values(), *layout.log_likelihood.values(), *layout.posterior_predictive.values()]
     bytes_per_draw = sum(4 * max(1, math.prod(v.shape)) for v in every) + 4 * 8
     dps = default_draws_per_segment(draws, chains_per_task, bytes_per_draw, chains, target_ess)
     return Geometry(chains, draws, chains_per_task, dps)
+
+
+def _chains_in_cache(model) -> int | None:
+    """How many of ``model``'s chains a block may hold in a core's L2 (None: the model does not trace, which
+    the initial-position check reports in the user's terms)."""
+    try:
+        return chains_in_cache(chain_working_set(model.logdensity_fn, model.dim, model.dtype))
+    except Exception:  # noqa: BLE001 - reported by resolve.initial_positions, with what to fix
+        return None
 
 
 def check_integer(low: int, **values) -> None:

@@ -94,26 +94,12 @@ def _enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def _initialize_cpu_kernels() -> None:
-    """Fill in jaxlib's LAPACK kernel table, which executables loaded from bytes rely on.
-
-    jaxlib sets the function pointers of its CPU LAPACK kernels (Cholesky, triangular solve, eigh,
-    QR, LU, ...) only when a program calling one is *lowered*. A process that merely loads a
-    serialized executable never lowers one, and its first LAPACK call jumps through a null pointer
-    (SIGSEGV): that killed every embedded worker on ``dense_mass=True`` or a ``cholesky`` in the
-    model. Lowering one tiny Cholesky fills in the whole table (~0.3 s, once per process, in the
-    worker's preload).
-    """
-    jax.jit(jnp.linalg.cholesky).lower(jax.ShapeDtypeStruct((1, 1), jnp.float32))
-
-
 def prepare_process() -> None:
-    """Once per worker process: malloc thresholds, the compilation cache, jaxlib's CPU kernels."""
+    """Once per worker process: malloc thresholds and the compilation cache."""
     global _PREPARED
     if not _PREPARED:
         _tune_malloc()
         _enable_compilation_cache()
-        _initialize_cpu_kernels()
         _PREPARED = True
 
 

@@ -32,6 +32,42 @@ def test_leapfrog_is_reversible_and_nearly_conserves_energy():
     assert abs(h(s1) - h(s0)) < 1e-2
 
 
+def test_a_trajectory_evaluates_the_log_density_once_at_its_end():
+    evaluations = []
+
+    def f(x):
+        jax.debug.callback(lambda: evaluations.append(1))  # runs once per forward evaluation, not per gradient
+        return gaussian([1.0, 3.0])(x)
+
+    x, inv_mass = jnp.array([0.5, -1.0]), jnp.array([1.0, 2.0])
+    lp, g = jax.value_and_grad(f)(x)
+    evaluations.clear()
+    for steps in (1, 2, 7):
+        end = jax.jit(leapfrog, static_argnums=0)(f, IntegratorState(x, jnp.array([0.3, 0.2]), lp, g), 0.1,
+                                                   inv_mass, steps)
+        manual = IntegratorState(x, jnp.array([0.3, 0.2]), lp, g)
+        for _ in range(steps):
+            p = manual.momentum + 0.05 * manual.logdensity_grad
+            y = manual.position + 0.1 * inv_mass * p
+            value, grad = jax.value_and_grad(gaussian([1.0, 3.0]))(y)
+            manual = IntegratorState(y, p + 0.05 * grad, value, grad)
+        for a, b in zip(end, manual, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert len(evaluations) == 1 + 2 + 7  # one forward pass per step (a gradient runs one), none more
+
+
+def test_transition_noise_is_a_standard_normal_and_a_uniform_from_one_key():
+    keys = jax.random.split(jax.random.PRNGKey(0), 100_000)
+    noise, uniform = jax.vmap(lambda k: metropolis.transition_noise(k, jnp.zeros((2, 3))))(keys)
+    assert noise.shape == (100_000, 2, 3) and uniform.shape == (100_000,)
+    np.testing.assert_allclose(noise.reshape(-1, 6).mean(0), 0.0, atol=0.02)
+    np.testing.assert_allclose(noise.reshape(-1, 6).std(0), 1.0, atol=0.02)
+    assert 0.0 < float(uniform.min()) and float(uniform.max()) < 1.0
+    np.testing.assert_allclose(np.quantile(np.asarray(uniform), [0.1, 0.5, 0.9]), [0.1, 0.5, 0.9], atol=0.01)
+    same = metropolis.transition_noise(keys[0], jnp.zeros(6))[0]
+    np.testing.assert_array_equal(same, jax.random.normal(keys[0], (7,))[:6])  # jax.random.normal's numbers
+
+
 def test_kernel_flags_divergences_and_rejects_them():
     f = gaussian([1.0])
     state = metropolis.init(jnp.array([1.0]), f)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -38,9 +39,10 @@ def test_an_executable_for_another_backend_is_compiled_here_instead():
     target = LogDensityTarget(logdensity, {"x": jnp.zeros(3)}, name="t")
     config = KernelConfig(kind="hmc", num_steps=4, target_accept=0.8, dense_mass=False)
     blob = program.precompile(target.build(), config, "sample", 10, 16, False)
-    backend, payload = cloudpickle.loads(blob)
-    assert backend == "cpu"
-    assert program.load_executable(cloudpickle.dumps(("not-" + backend, payload))) is None
+    backend, lapack, payload = cloudpickle.loads(blob)
+    assert backend == "cpu" and not lapack
+    assert program.load_executable(blob) is not None
+    assert program.load_executable(cloudpickle.dumps(("not-" + backend, lapack, payload))) is None
     assert program.load_executable(b"garbage") is None
 
 
@@ -93,7 +95,9 @@ def test_an_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
 
     model = LogDensityTarget(_gp_logdensity, {"z": jnp.zeros(4)}, name="gp").build()
     config = KernelConfig(kind="hmc", num_steps=3, target_accept=0.8, dense_mass=True)
-    (tmp_path / "exe.bin").write_bytes(program.precompile(model, config, "sample", 10, 16, True))
+    blob = program.precompile(model, config, "sample", 10, 16, True)
+    assert cloudpickle.loads(blob)[1], "the program's LAPACK calls went unnoticed"
+    (tmp_path / "exe.bin").write_bytes(blob)
     (tmp_path / "load.py").write_text(LOAD_IN_A_FRESH_PROCESS)
     run = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path / "exe.bin")],
                          capture_output=True, text=True, timeout=120)
@@ -109,3 +113,32 @@ def test_dense_mass_and_cholesky_models_run_on_the_embedded_cluster():
     assert np.isfinite(dense["posterior"]["z"].values).all()
     gp = dhmc.sample(_gp_logdensity, init={"z": jnp.zeros(4)}, **kw)
     assert np.isfinite(gp["posterior"]["z"].values).all()
+
+
+A_RUN_IN_A_FRESH_PROCESS = """
+import sys, urllib.request, jax.numpy as jnp, dhmc
+from dhmc.distributed.connect import connect
+client, close = connect(None, {})
+dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=8, draws=20, warmup=0,
+            kernel="hmc", step_size=0.5, num_steps=3, adapt=False, progress=False, cluster=client)
+print("imported:", sorted({m.split(".")[0] for m in sys.modules} & {"bokeh", "zarr", "arviz", "matplotlib"}))
+base = client.dashboard_link.rsplit("/", 1)[0]
+page = urllib.request.urlopen(base + "/status", timeout=60).read().decode()
+print("status page:", len(page), "bokeh" in page.lower())
+print("dhmc page:", urllib.request.urlopen(base + "/dhmc", timeout=60).status)
+close()
+"""
+
+
+def test_the_embedded_driver_imports_no_dashboard_zarr_or_arviz_until_asked(tmp_path):
+    """Dask's dashboard (bokeh) is connected at its first request; a run without a store imports no zarr, and the
+    convergence monitor no ArviZ: each was ~0.5-1.2 s of CPU taken from the workers of a cold run."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run.py").write_text(A_RUN_IN_A_FRESH_PROCESS)
+    out = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "imported: []" in out.stdout, out.stdout
+    assert re.search(r"status page: \d+ True", out.stdout), out.stdout  # Dask's bokeh page, built on demand
+    assert "dhmc page: 200" in out.stdout
