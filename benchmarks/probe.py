@@ -27,6 +27,7 @@ class DhmcProbe(Observer):
 
     def __init__(self):
         self.marks: dict[str, float] = {}  # perf_counter of: call, start_run, last_block, close, returned
+        self.cpu: dict[str, float] = {}  # this (the driver's) process's CPU seconds at: call, first_block, last_block
         self.blocks: list[dict] = []
         self.task_stream: dict = {}
         self.timing: dict = {}
@@ -37,7 +38,7 @@ class DhmcProbe(Observer):
         import dhmc
 
         self.wall_start = time.time()  # the scheduler's task stream uses wall-clock times
-        self.marks["call"] = time.perf_counter()
+        self.marks["call"], self.cpu["call"] = time.perf_counter(), time.process_time()
         tree = dhmc.sample(*args, observers=[self], **kwargs)
         self.marks["returned"] = time.perf_counter()
         self.timing = json.loads(tree["posterior"].attrs["dhmc_timing"])
@@ -56,7 +57,10 @@ class DhmcProbe(Observer):
 
     def sample_block(self, chunk, segment, result, chain_draws) -> None:
         self._block("sample", f"sample-{chunk}-{segment}", chunk, self.geometry.draws_per_segment, result)
-        self.marks["last_block"] = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
+        self.marks.setdefault("first_block", now)
+        self.cpu.setdefault("first_block", cpu)
+        self.marks["last_block"], self.cpu["last_block"] = now, cpu
 
     def close(self) -> None:
         self.marks["close"] = time.perf_counter()
@@ -110,6 +114,11 @@ class DhmcProbe(Observer):
             out["iterations_per_block"] = sample[0]["iterations"]
         if self.task_stream:
             out["task_stream"] = self.task_stream
+        if self.marks.get("last_block", 0) > self.marks.get("first_block", 0):
+            # the driver's own CPU while the workers sample: progress, dashboard, monitor, result assembly
+            cpu, wall = self.cpu["last_block"] - self.cpu["first_block"], self.marks["last_block"] - self.marks["first_block"]
+            out["driver_cpu_s_while_sampling"] = cpu
+            out["driver_cpu_share_of_a_core_while_sampling"] = cpu / wall
         matched = [b for b in sample if "compute_stop" in b]
         if matched:
             # the worker finished a block -> the driver had its result in hand (transfer + driver queueing)

@@ -311,7 +311,9 @@ def dhmc_breakdown(rows: list[dict]) -> str:
                 f"{t['compile']:.2f}, device work {p.get('block_device_seconds_sum', 0):.2f} s summed over "
                 f"{p.get('blocks', 0)} blocks of {p.get('chains_per_block')} chains x {p.get('iterations_per_block')} "
                 f"draws) + result {ph.get('after_sampling', 0):.2f} + cluster close {ph.get('cluster_close', 0):.2f} "
-                "+ other")
+                f"+ other; first block started {p.get('first_task_start_after_call_s', float('nan')):.2f} s into the "
+                f"call; the driver used {100 * p.get('driver_cpu_share_of_a_core_while_sampling', float('nan')):.1f}% "
+                "of a core while blocks ran")
     return "\n".join(lines)
 
 
