@@ -20,25 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
-from benchmarks.harness import RESULTS, write_json
+from benchmarks.harness import RESULTS, timed, write_json
 from benchmarks.machine import cpu_line, machine
 
 
-def _per_iteration(fn, args, iterations: int, chains: int) -> tuple[float, float]:
-    """``(microseconds per chain and iteration, compile seconds)`` of jitted ``fn(*args)``, best of three."""
-    import jax
-
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - start
-    jax.block_until_ready(compiled(*args))
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - start)
+def _per_iteration(compile_program, args, iterations: int, chains: int) -> tuple[float, float]:
+    """``(microseconds per chain and iteration, compile seconds)`` of the program ``compile_program()`` returns,
+    called on ``args``: its best of three calls after a first one."""
+    compile_s, compiled = timed(compile_program)
+    timed(lambda: compiled(*args))
+    best = min(timed(lambda: compiled(*args))[0] for _ in range(3))
     return best / iterations / chains * 1e6, compile_s
 
 
@@ -80,24 +72,19 @@ def measure(target_name: str, chains: int, iterations: int, steps: int, eps: flo
             jnp.tile(x, (1, len(data) // dim + 1))[:, :len(data)]).reshape(chains, -1, dim).sum(1)
     out = {"target": target.name, "chains": chains, "iterations": iterations, "num_steps": steps, "step_size": eps,
            "us_per_chain_iteration": {}, "compile_s": {}}
-    for name, step in parts.items():
-        us, compile_s = _per_iteration(looped(step), (init, keys), iterations, chains)
-        out["us_per_chain_iteration"][name] = us
-        out["compile_s"][name] = compile_s
-
     model = LogDensityTarget(target.logdensity, {target.key: np.asarray(init[0])}, name="profile").build()
     program = build_program(model, KernelConfig(kind="hmc", num_steps=steps), "sample", iterations)
     params = Params(jnp.asarray(eps, jnp.float32), jnp.ones(dim, jnp.float32), jnp.asarray(eps * steps, jnp.float32))
-    args = (jnp.uint32(1), jnp.arange(chains, dtype=jnp.uint32), init, params, jnp.int32(0))
-    start = time.perf_counter()
-    compiled = compile_program(program, program_args("sample", chains, dim, jnp.float32, False))
-    out["compile_s"]["dhmc_block"] = time.perf_counter() - start
-    out["us_per_chain_iteration"]["dhmc_block"] = _best(lambda: compiled(*args)) / iterations / chains * 1e6
     floor = floor_sampler(target.flat, eps, steps, iterations)
-    start = time.perf_counter()
-    floor_compiled = floor.lower(keys, init).compile()
-    out["compile_s"]["floor_block"] = time.perf_counter() - start
-    out["us_per_chain_iteration"]["floor_block"] = _best(lambda: floor_compiled(keys, init)) / iterations / chains * 1e6
+    programs = {name: (lambda step=step: jax.jit(looped(step)).lower(init, keys).compile(), (init, keys))
+                for name, step in parts.items()}
+    programs["dhmc_block"] = (lambda: compile_program(program, program_args("sample", chains, dim, jnp.float32, False)),
+                              (jnp.uint32(1), jnp.arange(chains, dtype=jnp.uint32), init, params, jnp.int32(0)))
+    programs["floor_block"] = (lambda: floor.lower(keys, init).compile(), (keys, init))
+    for name, (compile_it, args) in programs.items():
+        us, compile_s = _per_iteration(compile_it, args, iterations, chains)
+        out["us_per_chain_iteration"][name] = us
+        out["compile_s"][name] = compile_s
     us = out["us_per_chain_iteration"]
     out["dhmc_block_over_floor_block"] = us["dhmc_block"] / us["floor_block"]
     out["dhmc_block_model"] = {  # what a transition computes, from the parts
@@ -127,18 +114,6 @@ def _logistic_data(target):
     import jax
 
     return next(c for c in jax.make_jaxpr(target.flat)(target.init(1)[0]).consts if getattr(c, "ndim", 0) == 2)
-
-
-def _best(call) -> float:
-    import jax
-
-    jax.block_until_ready(call())
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        jax.block_until_ready(call())
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main(argv=None) -> int:

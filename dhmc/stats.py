@@ -69,8 +69,6 @@ def max_nested_rhat(draws: dict[str, np.ndarray], superchains: int) -> float:
     return float(np.nanmax(rhats)) if np.isfinite(rhats).any() else 1.0
 
 
-
-
 def ess_bulk(draws: np.ndarray):
     """Bulk effective sample size of ``draws`` shaped ``(chains, draws, ...)``, vectorized over trailing dims.
 

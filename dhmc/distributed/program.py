@@ -7,6 +7,8 @@ there.
 
 from __future__ import annotations
 
+import functools
+
 import cloudpickle
 import jax
 import jax.numpy as jnp
@@ -104,9 +106,7 @@ def load_executable(executable: bytes | None):
         return None
 
 
-_LAPACK_READY = False
-
-
+@functools.cache  # once per process
 def _initialize_lapack_kernels() -> None:
     """Fill in jaxlib's LAPACK kernel table, which an executable loaded from bytes relies on.
 
@@ -117,7 +117,4 @@ def _initialize_lapack_kernels() -> None:
     model. Lowering one tiny Cholesky fills in the whole table (~0.3 s, once per process; only for
     programs that call LAPACK, so that other workers start that much sooner).
     """
-    global _LAPACK_READY
-    if not _LAPACK_READY:
-        jax.jit(jnp.linalg.cholesky).lower(jax.ShapeDtypeStruct((1, 1), jnp.float32))
-        _LAPACK_READY = True
+    jax.jit(jnp.linalg.cholesky).lower(jax.ShapeDtypeStruct((1, 1), jnp.float32))
