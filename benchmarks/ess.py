@@ -65,7 +65,9 @@ ALL_SAMPLERS = ("dhmc", "dhmc-mams", "blackjax-mams", "blackjax", "numpyro")
 REFERENCE = ("eight_schools-eight_schools_noncentered", "eight_schools-eight_schools_centered",
              "kidiq-kidscore_momiq", "sblrc-blr", "arK-arK", "low_dim_gauss_mix-low_dim_gauss_mix")
 SYNTHETIC = ("gauss100", "funnel")
-ON_REQUEST = ("gauss100_rot", "eight_schools")
+NONCENTERED = "eight_schools-eight_schools_centered:noncentered"  # the centred NumPyro model, dhmc's noncentered=True
+LAPS = ("icg100", "brownian", "irt")  # LAPS's own targets (benchmarks.laps_targets), references kept in the repo
+ON_REQUEST = ("gauss100_rot", "eight_schools", NONCENTERED) + LAPS
 ALL_PROBLEMS = REFERENCE + SYNTHETIC
 DHMC_KERNELS = {"dhmc": "chees", "dhmc-mams": "mams"}
 
@@ -82,6 +84,8 @@ def resolve_problem(name: str) -> str:
 
 def label(name: str) -> str:
     """Short name for tables: ``eight_schools_noncentered``, ``kidiq``, ``arK``, ``gauss100`` ..."""
+    if name == NONCENTERED:
+        return "eight_schools_centered, noncentered=True"
     if name.startswith("eight_schools-"):
         return name.split("-", 1)[1]
     return name.split("-", 1)[0]
@@ -159,8 +163,10 @@ class Problem:
         self.moments, self.required, self.post = None, None, None
         self.expect_unbiased = True
         self.numpyro_model, self.numpyro_args = None, ()
+        self.noncentered = name == NONCENTERED  # dhmc samples the NumPyro model with noncentered=True
         self.init_radius = 0.5  # dhmc's jitter of a log-density init
         self.x64, self.dense_mass = False, False
+        self.x2_moments = None  # {quantity: (E[x^2], Var[x^2])} where the Gaussian formula does not hold
         if name == "eight_schools":
             from dhmc.models.examples import EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y, eight_schools_model
 
@@ -178,6 +184,13 @@ class Problem:
             self.init = {"x": np.zeros(100)}
             marginal = sds if rot is None else np.sqrt((rot**2) @ sds**2)
             self.moments = {f"x[{i}]": (0.0, float(s), 0.0) for i, s in enumerate(marginal)}
+        elif name in LAPS:
+            from benchmarks import laps_targets
+
+            self.logdensity, self.init = laps_targets.target(name)
+            ref = laps_targets.reference(name)
+            self.moments = {k: (m, s, se) for k, (m, s, se, _, _) in ref.items()}
+            self.x2_moments = {k: (e2, v2) for k, (_, _, _, e2, v2) in ref.items()}
         elif name == "funnel":
             self.logdensity = funnel_logdensity
             self.init = {"v": np.zeros(()), "z": np.zeros(FUNNEL_DIM - 1)}
@@ -187,14 +200,14 @@ class Problem:
         else:
             from tests.validation.posteriors import get
 
-            post = get(name)
+            post = get(name.split(":")[0])
             self.name, self.post = post.name, post
             self.x64, self.dense_mass = post.x64, post.dense_mass
             self.logdensity, self.init = post.logdensity, post.init
             self.expect_unbiased = post.expect_unbiased
         self.required = None if self.post is not None else list(self.moments)
         self.dhmc_target = self.logdensity
-        self.dhmc_kwargs = {"init": self.init, "dense_mass": self.dense_mass}
+        self.dhmc_kwargs = {"init": self.init}  # dhmc's defaults: dense_mass=None (its warmup chooses the metric)
 
     def quantities(self, position: dict) -> dict:
         """``{name: (chain, draw)}`` whose minimum ESS is the score and whose moments are checked."""

@@ -21,8 +21,9 @@ target. Per problem and sampler, each run in its own fresh process:
 
 Samplers:
 
-* ``dhmc``: ``dhmc.sample(logdensity, init=..., chains=C, draws="auto", target_ess=400, dense_mass=...)`` with
-  its default ``warmup="auto"`` (a dhmc without it: ``warmup=1000``, recorded in the row). It stops by itself;
+* ``dhmc``: ``dhmc.sample(logdensity, init=..., chains=C, draws="auto", target_ess=400)`` with its defaults
+  (``warmup="auto"``: a cold phase, then adjusted rounds; ``dense_mass=None``: warmup chooses the metric, recorded
+  as ``dense_mass``; the cold phase's share of the gradients is ``cold_grads``) (a dhmc without it: ``warmup=1000``, recorded in the row). It stops by itself;
   its sequential gradients = the warmup rounds' ``grad_evals`` / C + chain 0's summed ``n_steps`` (the chains
   run in lock-step; the rounds' ``grad_evals`` include their block starts and step-size searches). The whole
   run is scored.
@@ -71,7 +72,8 @@ from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, run_chi
 from benchmarks.machine import cores, have_dask_cuda, machine
 
 SAMPLERS = ("dhmc", "numpyro", "chees", "meads", "laps")
-PROBLEMS = ess.REFERENCE + ("gauss100_rot", "funnel")
+PROBLEMS = ess.REFERENCE + ("gauss100_rot", "funnel", ess.NONCENTERED) + ess.LAPS
+ROUTE_SAMPLERS = {ess.NONCENTERED: ("dhmc",)}  # dhmc's documented route; the peers' is the non-centred row
 RHAT_MAX = 1.01
 GRID_START, GRID_RATIO = 8, 1.25
 
@@ -79,8 +81,11 @@ GRID_START, GRID_RATIO = 8, 1.25
 # -- scoring --------------------------------------------------------------------------------------------------
 
 
-def quantities(problem: ess.Problem, position: dict) -> dict:
-    """``{name: (chain, draw)}`` float64: Stan's parameters and the derived ones (posteriordb), or x / v, z."""
+def quantities(problem: ess.Problem, position: dict, numpyro: bool = False) -> dict:
+    """``{name: (chain, draw)}`` float64: Stan's parameters and the derived ones (posteriordb), or x / v, z;
+    ``numpyro``: ``position`` holds the NumPyro model's sites."""
+    if numpyro:
+        return ess._scalars(problem.post.numpyro_to_reference(position, derived=True))
     if problem.post is not None:
         return ess._scalars(problem.post.to_reference(position, derived=True))
     return problem.quantities(position)
@@ -90,6 +95,8 @@ def reference(problem: ess.Problem) -> dict:
     """``{name: (mean, sd, E[x^2], Var[x^2])}`` for every quantity with a reference mean and sd."""
     import numpy as np
 
+    if problem.x2_moments is not None:  # a kept reference's (benchmarks.laps_targets)
+        return {k: (m, s, *problem.x2_moments[k]) for k, (m, s, _) in problem.moments.items()}
     if problem.post is None:  # Gaussian marginals: Var[x^2] = 2 s^4 + 4 m^2 s^2
         return {k: (m, s, m * m + s * s, 2 * s**4 + 4 * m * m * s * s) for k, (m, s, _) in problem.moments.items()}
     from tests.validation.posteriors import reference_draws
@@ -230,7 +237,7 @@ def score(problem, out: dict, run: dict, target: float, search: bool, workers: i
     ``warmup_iters + (j + 1) * thin - 1``) or ``draw_iters`` (each stored draw's iteration)."""
     import numpy as np
 
-    q_all = quantities(problem, {k: np.asarray(v) for k, v in run["draws"].items()})
+    q_all = quantities(problem, {k: np.asarray(v) for k, v in run["draws"].items()}, run.get("numpyro", False))
     n_all = next(iter(q_all.values())).shape[1]
     t = time.perf_counter()
     grads = np.cumsum(np.asarray(run["grads"], np.int64), axis=1)
@@ -299,8 +306,8 @@ def _dhmc(problem, cfg, out) -> dict:
     import dhmc
 
     chains = cfg["chains"]
-    kwargs = dict(init=problem.init, chains=chains, draws="auto", target_ess=cfg["target_ess"],
-                  dense_mass=problem.dense_mass, seed=cfg["seed"], progress=False)
+    kwargs = dict(init=problem.init, chains=chains, draws="auto", target_ess=cfg["target_ess"], seed=cfg["seed"],
+                  progress=False)  # its defaults: dense_mass=None (warmup chooses the metric)
     if cfg["dhmc_max_draws"]:
         kwargs["max_draws"] = cfg["dhmc_max_draws"]
     cluster, t = None, time.perf_counter()  # a cluster started here counts, as dhmc's embedded one does
@@ -314,16 +321,23 @@ def _dhmc(problem, cfg, out) -> dict:
             cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                                    dashboard_address="127.0.0.1:0")
             out["cluster_kind"] = "LocalCluster(1 worker)"
+    if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
+        kwargs.pop("init")
+        target = problem.post.numpyro_model
+        kwargs["noncentered"] = True
+    else:
+        target = problem.logdensity
     try:
         try:
-            tree = dhmc.sample(problem.logdensity, warmup="auto", cluster=cluster, **kwargs)
+            tree = dhmc.sample(target, warmup="auto", cluster=cluster, **kwargs)
             out["warmup"] = "auto"
         except (TypeError, ValueError) as e:
             if "auto" not in str(e):
                 raise
             out["warmup"], out["warmup_fallback"] = 1000, f"warmup='auto' raised {type(e).__name__}: {e}"
-            tree = dhmc.sample(problem.logdensity, warmup=1000, cluster=cluster, **kwargs)
-        draws = {k: tree["posterior"][k].values for k in problem.init}
+            tree = dhmc.sample(target, warmup=1000, cluster=cluster, **kwargs)
+        names = tree["posterior"].data_vars if problem.noncentered else problem.init
+        draws = {k: tree["posterior"][k].values for k in names}
     finally:
         if cluster is not None and not isinstance(cluster, str):
             cluster.close()
@@ -332,11 +346,13 @@ def _dhmc(problem, cfg, out) -> dict:
     n_steps = np.asarray(tree["sample_stats"]["n_steps"].values, np.int64)
     warm = sum(int(r.get("grad_evals", 0)) for r in history) / chains
     out.update(chains=chains, warmup_rounds=len(history), warmup_iterations=sum(int(r.get("iterations", 0))
-               for r in history) or None, divergences=int(tree["sample_stats"]["diverging"].values.sum()),
+               for r in history if r.get("phase") != "cold") or None, divergences=int(tree["sample_stats"]["diverging"].values.sum()),
                dhmc_timing=json.loads(tree["posterior"].attrs.get("dhmc_timing", "{}")),
+               dense_mass=json.loads(tree["posterior"].attrs["dhmc_run_spec"])["dense_mass"],
+               cold_grads=sum(int(r["grad_evals"]) for r in history if r.get("phase") == "cold") / chains,
                seq_grads_brief=warm + int(n_steps[0].sum()))
     return {"draws": draws, "grads": np.concatenate([np.full((chains, 1), round(warm)), n_steps], axis=1),
-            "warmup_iters": 1}
+            "warmup_iters": 1, "numpyro": problem.noncentered}
 
 
 def _starts(problem, cfg, chains):
@@ -594,6 +610,8 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for problem in problems:
             for sampler in samplers:
+                if sampler not in ROUTE_SAMPLERS.get(problem, SAMPLERS):
+                    continue
                 cfg = {"problem": problem, "sampler": sampler, "seed": seed, "chains": args.chains, "gpu": args.gpu,
                        **{k: getattr(args, k) for k in (
                            "target_ess", "dhmc_max_draws", "numpyro_chains", "numpyro_chain_method", "numpyro_warmup",

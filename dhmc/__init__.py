@@ -12,7 +12,7 @@ import importlib
 # on leaving its context, delete the whole `dhmc` key, defaults included (dask, not JAX: cheap in Dask processes)
 from dhmc.distributed import config as _config  # noqa: F401, E402
 
-__version__ = "0.2.0.dev0"
+__version__ = "0.3.0.dev0"
 
 _LAZY = {"sample": "dhmc.api", "resume": "dhmc.api", "extend": "dhmc.api", "numpyro_model": "dhmc.models.numpyro_",
          "open_trace": "dhmc.storage.zarr_", "models": "dhmc.models",

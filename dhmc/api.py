@@ -47,7 +47,7 @@ def sample(
     num_steps: int | None = None,
     trajectory_length: float | None = None,
     adapt: bool = True,
-    dense_mass: bool = False,
+    dense_mass: bool | None = None,
     target_accept: float | None = None,
     cluster=None,
     chains_per_task: int | None = None,
@@ -69,6 +69,7 @@ def sample(
     save_warmup: bool = False,
     max_warmup: int | None = None,
     observers: tuple = (),
+    noncentered: bool = False,
 ) -> xr.DataTree:
     """Sample an ensemble of HMC chains on a Dask cluster.
 
@@ -86,9 +87,13 @@ def sample(
         Ensemble size, draws kept per chain (or ``"auto"``), adaptation iterations (or ``"auto"``),
         random seed; a draw is kept every ``thinning`` transitions.
     max_warmup
-        With ``warmup="auto"`` (the default): adapt in rounds of 25 iterations until the ensemble has
-        converged (its moments agree with the last round's, its chains move, step size and trajectory
-        length are stable), at most ``max_warmup`` (1000) iterations; reaching it first warns.
+        With ``warmup="auto"`` (the default): a cold phase first (unadjusted isokinetic steps, one gradient
+        each, the step size adapted after every gradient and the metric every 20 from the whole ensemble's
+        positions and gradients; at most 400 gradients, its draws never kept), then adjusted rounds of 15
+        iterations until the ensemble has converged (its moments agree with the last rounds', its chains
+        move and their own changes average out, step size and trajectory length are stable), at most
+        ``max_warmup`` (1000) adjusted iterations; reaching it first warns. An integer ``warmup``: that many
+        adjusted iterations, no cold phase.
     kernel
         ``"chees"`` (HMC, jittered trajectories of ChEES-adapted length), ``"mams"`` (Metropolis-adjusted
         microcanonical dynamics, same adaptation; needs two or more dimensions) or ``"hmc"`` (fixed steps).
@@ -98,6 +103,9 @@ def sample(
     adapt, dense_mass, target_accept
         Adapt step size, trajectory length and a diagonal (or dense) inverse mass matrix during warmup,
         steering the ensemble's harmonic-mean acceptance to ``target_accept`` (default 0.8; 0.9 for MAMS).
+        ``dense_mass=None``: ``warmup="auto"`` chooses a dense metric where the ensemble after its cold phase
+        is correlated enough to pay for one and has the chains to estimate it (4 per dimension; at most 1000
+        dimensions), else diagonal (an integer warmup: diagonal); the result's run spec says which.
     cluster
         None (an embedded local cluster), ``"local"``, ``"cuda"``, ``"slurm"``, a scheduler address, a
         ``distributed.Client`` or a ``Cluster``.
@@ -120,6 +128,12 @@ def sample(
         ``log_likelihood``, for ``arviz.loo``/``waic``), a draw of it per posterior draw
         (``posterior_predictive``, for ``arviz.plot_ppc``), and ``prior`` draws of the prior
         (``prior``, ``prior_predictive``). Each holds chains x draws x observations values.
+    noncentered
+        For a NumPyro model: sample every latent site whose ``loc`` or ``scale`` depends on other latent sites
+        (a hierarchy's ``theta ~ Normal(mu, tau)``) non-centred, ``theta = mu + tau * theta_decentered``
+        (NumPyro's ``LocScaleReparam(0)``), ``theta`` still reported. A centred hierarchy's funnel is the one
+        geometry no step size serves: the centred eight schools takes tens of thousands of gradients a chain
+        and stays biased; non-centred, a few hundred (``benchmarks/README.md``).
     dims, coords
         Names of a variable's axes (``{"theta": ["school"]}``) and a dim's coordinates
         (``{"school": [...]}``), on top of those NumPyro plates give.
@@ -145,10 +159,11 @@ def sample(
                             target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
                             max_draws=max_draws, thinning=thinning, prior=prior, max_warmup=max_warmup)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
-    resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"])
+    resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"], noncentered)
     pickled = pickle_target(resolved)  # as the user gave it: nothing has traced it yet
     model = with_labels(resolved.build(), dims, coords)
     check_kernel_fits(options["kernel"], model.dim)
+    options["cold_start"] = options["cold_start"] and model.dim >= 2  # isokinetic dynamics need two dimensions
     params = None
     if adapted_from is not None:
         options, params = adapted_options(adapted_from, options, model.dim)
@@ -159,7 +174,8 @@ def sample(
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=geometry.chains_per_task,
                    draws_per_segment=geometry.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),
-                   predictive=bool(predictive), save_warmup=bool(save_warmup), **options)
+                   predictive=bool(predictive), save_warmup=bool(save_warmup), noncentered=bool(noncentered),
+                   **options)
     if store is not None:
         from dhmc.storage import zarr_
 

@@ -59,8 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--num-steps", type=int, default=None)
     s.add_argument("--trajectory-length", type=float, default=None)
     s.add_argument("--no-adapt", dest="adapt", action="store_false")
-    s.add_argument("--dense-mass", action="store_true")
+    s.add_argument("--dense-mass", action=argparse.BooleanOptionalAction, default=None,
+                   help="a dense (--dense-mass) or diagonal (--no-dense-mass) metric; default: warmup=auto chooses")
     s.add_argument("--target-accept", type=float, default=None, help="default 0.8 (0.9 for mams)")
+    s.add_argument("--noncentered", action="store_true",
+                   help="NumPyro models: sample hierarchical loc-scale sites non-centred (theta = mu + tau * z)")
     s.add_argument("--out", required=True, help="Zarr store to write")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
     _cluster_args(s)
@@ -149,7 +152,7 @@ def _sample(args) -> int:
                         target_accept=args.target_accept, chains_per_task=args.chains_per_task, store=args.out,
                         overwrite=args.overwrite, cluster=args.cluster, cluster_options=dict(args.cluster_option),
                         progress=args.progress, target_ess=args.target_ess, max_draws=args.max_draws,
-                        max_warmup=args.max_warmup)
+                        max_warmup=args.max_warmup, noncentered=args.noncentered)
     _print_result(trace, args.out)
     return 0
 

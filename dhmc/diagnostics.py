@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dhmc.distributed.warmup import describe
+from dhmc.distributed.warmup import adjusted_iterations, describe
 from dhmc.stats import nested_rhat
 
 __all__ = ["nested_rhat", "summary", "ebfmi", "divergences", "check"]
@@ -66,7 +66,7 @@ def check(trace: xr.DataTree, table=None) -> list[str]:
     history = _attr(trace, "dhmc_warmup") or []
     last = history[-1].get("check", {}) if history else {}
     if last and not last.get("converged"):
-        warnings.append(f"warmup='auto' reached its cap ({sum(h['iterations'] for h in history)} iterations) before "
+        warnings.append(f"warmup='auto' reached its cap ({adjusted_iterations(history)} iterations) before "
                         f"the ensemble converged ({describe(last)})")
     low_bfmi = int((ebfmi(trace) < 0.3).sum())
     if low_bfmi:

@@ -74,10 +74,10 @@ def test_a_worker_killed_during_automatic_warmup_changes_nothing(tmp_path):
         deadline, victim = time.time() + 120, None
         while victim is None and time.time() < deadline:
             for worker, keys in client.processing().items():
-                if any("-warmup-1-" in str(key) for key in keys):
+                if any("-cold-2-" in str(key) for key in keys):  # the cold phase's second round of steps
                     victim = client.run(os.getpid, workers=[worker])[worker]
             time.sleep(0.02)
-        assert victim is not None, "no worker was seen running warmup's second round"
+        assert victim is not None, "no worker was seen running the cold phase's second round"
         os.kill(victim, signal.SIGKILL)
         thread.join(600)
     assert "trace" in out, "the run did not finish after a worker was killed"

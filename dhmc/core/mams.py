@@ -34,16 +34,26 @@ def velocity_update(u: Array, grad: Array, step_size: Array) -> tuple[Array, Arr
 
     Returns the new unit velocity and the kinetic-energy change ``(d - 1) log(...)`` that enters the
     Metropolis test (Ver Steeg & Galstyan's ESH dynamics, as written in the MAMS paper, eq. 9).
+
+    Written to stay finite for any step: far from the typical set (the cold phase) ``delta`` reaches
+    tens, ``zeta = exp(-delta)`` underflows and a velocity against the gradient (``u.e = -1``) made the
+    paper's form 0/0. The new velocity is scaled by ``max(1 + u.e, zeta)`` before it is normalised (``u``
+    itself where even that vanishes: its limit), and the log of ``1 + u.e + (1 - u.e) zeta^2`` is taken as a
+    log-sum-exp.
     """
     dims = u.shape[-1]
     norm = jnp.sqrt(jnp.sum(grad**2))
     e = grad / jnp.where(norm > 0, norm, 1.0)
-    ue = jnp.dot(u, e)
+    ue = jnp.clip(jnp.dot(u, e), -1.0, 1.0)
     delta = step_size * norm / (dims - 1)
     zeta = jnp.exp(-delta)
-    new = e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u
-    new = new / jnp.sqrt(jnp.sum(new**2))
-    kinetic_change = (delta - jnp.log(2.0) + jnp.log(1 + ue + (1 - ue) * zeta**2)) * (dims - 1)
+    tiny = jnp.finfo(u.dtype).tiny
+    scale = jnp.maximum(jnp.maximum(1 + ue, zeta), tiny)
+    new = e * (1 - zeta) * ((1 + ue) / scale + (zeta / scale) * (1 - ue)) + (2 * zeta / scale) * u
+    size = jnp.sqrt(jnp.sum(new**2))
+    new = jnp.where((size > 0) & jnp.isfinite(size), new / jnp.where(size > 0, size, 1.0), u)  # u.e = -1: u stays
+    log_term = jnp.logaddexp(jnp.log(jnp.maximum(1 + ue, tiny)), jnp.log(jnp.maximum(1 - ue, tiny)) - 2 * delta)
+    kinetic_change = (delta - jnp.log(2.0) + log_term) * (dims - 1)
     return new, kinetic_change
 
 

@@ -49,7 +49,7 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
                          "dhmc.resume(path, target=<the same function>, init=<the same init>)")
     target = spec.model if target is None else target
     resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
-    resolved = with_outputs(resolved, name, spec.log_likelihood, spec.predictive)
+    resolved = with_outputs(resolved, name, spec.log_likelihood, spec.predictive, noncentered=spec.noncentered)
     pickled = pickle_target(resolved)  # before anything traces it
     model = resolved.build()
     if not force:

@@ -67,7 +67,7 @@ def drive(run: RunContext, startup: Startup):
         runner.observers.tell("start_run", client, run_id, run.spec.geometry)
         with span(f"dhmc-{run_id}") if span else nullcontext():
             positions, params, history = _warmup(run, runner, root)
-            run = _after_warmup(run, runner, sink, root, history)
+            run = _after_warmup(run, runner, sink, root, history, params)
             monitor = _monitor(run, sink, root)
             kept = runner.sample(_start_positions(run, root, positions), params, monitor)
         timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - startup.t0}
@@ -153,14 +153,16 @@ def _run_warmup(run: RunContext, runner: Runner):
     return runner.warmup(positions, params) if spec.warmup else (positions, params, [])
 
 
-def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dict]) -> RunContext:
+def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dict], params: dict) -> RunContext:
     """After ``warmup="auto"``: the spec's ``warmup`` is the iterations run (sampling's iterations follow
     them), kept in the store for a resume; the kept warmup draws are cut to them; a warmup that reached
-    ``max_warmup`` before converging warns with its last round's numbers."""
+    ``max_warmup`` before converging warns with its last round's numbers. The spec's ``dense_mass`` is the
+    metric warmup ended with (``dense_mass=None``: the one it chose)."""
     spec = run.spec
+    dense = np.ndim(params["inverse_mass_matrix"]) == 2
     if not spec.auto_warmup:
-        return run
-    iterations = sum(int(h["iterations"]) for h in history)
+        return run if spec.dense_mass is not None else _respec(run, runner, root, replace(spec, dense_mass=dense))
+    iterations = warmup.adjusted_iterations(history)
     if spec.save_warmup and sink.layout.warmup_draws > iterations:
         sink.trim_warmup(iterations)
     last = history[-1].get("check", {}) if history else {}
@@ -168,7 +170,11 @@ def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dic
         warnings.warn(f"warmup='auto' reached max_warmup={spec.max_warmup} before the ensemble converged (the "
                       f"last round's {warmup.describe(last)}); the draws may still be biased: check R-hat, or "
                       "raise max_warmup", ConvergenceWarning, stacklevel=4)
-    spec = replace(spec, warmup=iterations)
+    return _respec(run, runner, root, replace(spec, warmup=iterations, dense_mass=dense))
+
+
+def _respec(run: RunContext, runner: Runner, root, spec: RunSpec) -> RunContext:
+    """The run (its runner, its store's attrs) with ``spec``."""
     runner.spec = spec
     attrs = {**run.attrs, "dhmc_run_spec": json.dumps(asdict(spec))}
     if root is not None:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
+from dhmc.core.cold import ColdParams, cold_chunk
 from dhmc.core.ensemble import KernelConfig, Params, chain_keys, sample_chunk, warmup_chunk
 from dhmc.models.base import TRACING
 
@@ -22,7 +23,14 @@ __all__ = ["build_program", "predictive_keys", "program_args", "compile_program"
 
 
 def build_program(model, config: KernelConfig, phase: str, num_iterations: int):
-    """The block's whole computation as one function of arrays (``phase`` is "warmup" or "sample")."""
+    """The block's whole computation as one function of arrays (``phase`` is "cold", "warmup" or "sample")."""
+    if phase == "cold":
+        cold = cold_chunk(model.logdensity_fn)
+
+        def program(seed, chains, positions, params, first, n):
+            return cold(chain_keys(seed, chains), positions, params, first, n)
+
+        return program
     if phase == "warmup":
         run = warmup_chunk(model.logdensity_fn, config)
 
@@ -66,6 +74,10 @@ def predictive_keys(seed, chains, first, draws: int, thinning: int):
 def program_args(phase: str, chains: int, dim: int, dtype, dense_mass: bool) -> tuple:
     """Abstract arguments of a block program, for compiling before any data exists."""
     s = jax.ShapeDtypeStruct
+    if phase == "cold":  # always a diagonal metric
+        params = ColdParams(s((), dtype), s((dim,), dtype))
+        return s((), jnp.uint32), s((chains,), jnp.uint32), s((chains, dim), dtype), params, s((), jnp.int32), \
+            s((), jnp.int32)
     mass = (dim, dim) if dense_mass else (dim,)
     params = Params(s((), dtype), s(mass, dtype), s((), dtype))
     args = (s((), jnp.uint32), s((chains,), jnp.uint32), s((chains, dim), dtype), params, s((), jnp.int32))

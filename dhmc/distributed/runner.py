@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class Runner:
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
         self.max_retries = int(config.get("allowed-failures"))
         self.health = Health(client, spec.model, self.run_id, store)
+        self.compiled_dense = bool(spec.dense_mass)
 
     # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
@@ -79,7 +80,8 @@ class Runner:
 
     def _executable(self, phase: str, chains: int) -> str | None:
         future = self.executables.get(phase)
-        if future is None or chains != self.spec.chains_per_task:
+        # compiled before warmup chose the metric (dense_mass=None compiles for the diagonal one)
+        if future is None or chains != self.spec.chains_per_task or bool(self.spec.dense_mass) != self.compiled_dense:
             return None
         try:
             return future.result()
@@ -135,61 +137,50 @@ class Runner:
 
     # -- warmup -------------------------------------------------------------------------------
     def warmup(self, positions: np.ndarray, params: dict) -> tuple[np.ndarray, dict, list[dict]]:
-        """Warmup in rounds (:mod:`dhmc.distributed.warmup`); after each round the chunks' statistics are
-        merged in chain order. Returns the end positions, the adapted parameters and one record per round."""
+        """Warmup in rounds, as :class:`dhmc.distributed.warmup.Policy` says; after each round the chunks'
+        statistics are merged in chain order. Returns the end positions, the adapted parameters and one record
+        per round."""
         spec, geometry = self.spec, self.spec.geometry
         start = time.perf_counter()
         history: list[dict] = []
-        rounds = spec.warmup_rounds
         weights = np.array([len(geometry.chunk(c)) for c in range(geometry.num_chunks)], float)
-        first, previous, fixed_length, settled = 0, None, params["trajectory_length"], False
-        for r, n in enumerate(rounds):
-            collect = spec.auto_warmup or (spec.adapt and r < len(rounds) - 1)
+        policy = warmup.Policy(spec.warmup_rounds, params, auto=spec.auto_warmup, adapt=spec.adapt,
+                               dense=spec.dense_mass, cold=spec.cold_start, chains=spec.chains,
+                               dim=positions.shape[1], dtype=self.dtype,
+                               restore_length=params["trajectory_length"] if spec.kernel == "hmc" else None)
+        rounds = len(spec.warmup_rounds)
+        self.timing["warmup_rounds"] = rounds_timing = []
+        while (step := policy.next()) is not None:
+            started = time.perf_counter()
+            if policy.dense is not None and policy.dense != spec.dense_mass:  # chosen by the policy
+                self.spec = spec = replace(spec, dense_mass=policy.dense)
             blocks = {}
             for c in range(geometry.num_chunks):
                 chains = geometry.chunk(c)
-                job = self._job("warmup", c, first, n, positions[chains.start:chains.stop], params,
-                                adapt=spec.adapt, collect_mass=collect, find_step=spec.adapt)
-                blocks[c] = self._submit(job, f"{self.run_id}-warmup-{r}-{c}", c)
+                job = self._job(step.phase, c, step.first, step.iterations, positions[chains.start:chains.stop],
+                                step.params, adapt=step.adapt, collect_mass=step.collect_mass,
+                                find_step=step.adapt)
+                blocks[c] = self._submit(job, f"{self.run_id}-{step.phase}-{step.index}-{c}", c)
             results = {}
             try:
                 for c, result in self._finished(blocks):
                     results[c] = result
-                    self.observers.tell("warmup_block", r, len(rounds), c, result, len(results), geometry.num_chunks)
+                    self.observers.tell("warmup_block", step.index, max(rounds, step.index + 1), c, result,
+                                        len(results), geometry.num_chunks)
             finally:
                 self._cancel(blocks)
             results = [results[c] for c in range(geometry.num_chunks)]
             for c, result in enumerate(results):
                 if "warmup_draws" in result:  # save_warmup
-                    self.sink.write_warmup(c, first, result["warmup_draws"])
+                    self.sink.write_warmup(c, step.first, result["warmup_draws"])
             end = np.concatenate([res["position"] for res in results])
-            current = warmup.merge([res["stats"] for res in results], weights, spec.dense_mass,
-                                   float(params["trajectory_length"]))
-            record = {"round": r, "iterations": n, "step_size": current.step_size,
-                      "trajectory_length": current.trajectory_length, "acceptance_rate": current.acceptance_rate,
-                      "divergences": current.divergences, "grad_evals": current.grad_evals}
-            stop = False
-            if spec.auto_warmup:  # stops at the second round in a row that passes the rule
-                check = warmup.converged(current, previous, positions, end, spec.chains, spec.adapt)
-                stop = check.converged and settled and r + 1 >= warmup.MIN_ROUNDS
-                settled = check.converged
-                record["check"] = check.as_dict() | {"converged": stop, "passed": check.converged}
-            if spec.adapt:
-                params = dict(params, step_size=np.asarray(current.step_size, self.dtype),
-                              trajectory_length=np.asarray(current.trajectory_length, self.dtype))
-                if collect and not stop:  # a converged round keeps the metric it ran with
-                    new = warmup.inverse_mass_matrix(current.moments, spec.dense_mass)
-                    length = warmup.carry_length(current.trajectory_length, end, params["inverse_mass_matrix"], new)
-                    params.update(inverse_mass_matrix=np.asarray(new, self.dtype),
-                                  trajectory_length=np.asarray(length, self.dtype))
+            record, end = policy.update(step, [res["stats"] for res in results], weights, positions, end)
             history.append(record)
-            positions, previous, first = end, current, first + n
-            if stop:
-                break
-        if spec.kernel == "hmc":  # warmed up with adapted trajectories (RunSpec.kernel_config); samples the user's
-            params = dict(params, trajectory_length=fixed_length)
+            rounds_timing.append({"phase": step.phase, "seconds": time.perf_counter() - started,
+                                  "block_seconds_max": max(res["seconds"] for res in results)})
+            positions = end
         self.timing["warmup"] = time.perf_counter() - start
-        return positions, params, history
+        return positions, policy.final_params(), history
 
     # -- sampling -----------------------------------------------------------------------------
     def sample(self, start_positions: dict[int, tuple[int, np.ndarray]], params: dict, monitor) -> int:
@@ -289,7 +280,7 @@ def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
         length = spec.step_size * spec.num_steps
     else:
         length = -1.0
-    inv_mass = np.eye(dim, dtype=dtype) if spec.dense_mass else np.ones(dim, dtype)
+    inv_mass = np.eye(dim, dtype=dtype) if spec.dense_mass else np.ones(dim, dtype)  # None (dhmc chooses): diagonal
     return {"step_size": np.asarray(step, dtype), "inverse_mass_matrix": inv_mass,
             "trajectory_length": np.asarray(length, dtype)}
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from dhmc.core.ensemble import KERNELS, KernelConfig
 from dhmc.distributed.cache import chain_working_set, chains_in_cache
-from dhmc.distributed.warmup import DEFAULT_MAX_WARMUP, auto_rounds, fixed_rounds
+from dhmc.distributed.warmup import AUTO_ROUND, AUTO_ROUND_AFTER_COLD, DEFAULT_MAX_WARMUP, auto_rounds, fixed_rounds
 from dhmc.geometry import Geometry, default_chains_per_task, default_draws_per_segment
 from dhmc.storage import schema
 
@@ -34,7 +34,7 @@ class RunSpec:
     num_steps: int | None
     trajectory_length: float | None
     adapt: bool
-    dense_mass: bool
+    dense_mass: bool | None  # None: warmup="auto" chooses (warmup.wants_dense), the choice replaces it
     target_accept: float
     chains_per_task: int
     draws_per_segment: int
@@ -48,6 +48,8 @@ class RunSpec:
     prior: int = 0  # draws from a NumPyro model's prior (and prior predictive), made before sampling
     save_warmup: bool = False  # the warmup's draws are kept too (group ``warmup_posterior``)
     max_warmup: int | None = None  # warmup="auto": the most iterations; ``warmup`` is the iterations run once known
+    cold_start: bool = False  # warmup="auto" with adaptation: an unadjusted cold phase first (dhmc.core.cold)
+    noncentered: bool = False  # a NumPyro model's hierarchical loc-scale sites sampled non-centred
 
     @property
     def geometry(self) -> Geometry:
@@ -82,7 +84,7 @@ class RunSpec:
     def warmup_rounds(self) -> list[int]:
         """Iterations per warmup round (the most rounds, for ``warmup="auto"``)."""
         if self.auto_warmup:
-            return auto_rounds(self.max_warmup)
+            return auto_rounds(self.max_warmup, AUTO_ROUND_AFTER_COLD if self.cold_start else AUTO_ROUND)
         return fixed_rounds(self.warmup) if self.adapt else [self.warmup] if self.warmup else []
 
 
@@ -127,7 +129,8 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     return dict(chains=int(chains), draws=int(draws), warmup=int(warmup), kernel=kernel, step_size=step_size,
                 num_steps=num_steps, trajectory_length=trajectory_length, adapt=bool(adapt),
                 target_accept=float(target_accept), target_ess=target_ess, max_draws=max_draws,
-                thinning=int(thinning), prior=int(prior), max_warmup=max_warmup)
+                thinning=int(thinning), prior=int(prior), max_warmup=max_warmup,
+                cold_start=max_warmup is not None and bool(adapt))
 
 
 def adapted_options(path, options: dict, dim: int) -> tuple[dict, dict]:
@@ -142,7 +145,8 @@ def adapted_options(path, options: dict, dim: int) -> tuple[dict, dict]:
         raise ValueError(f"adapted_from={str(path)!r} holds a mass matrix for {params['inverse_mass_matrix'].shape[0]} "
                          f"dimensions, the model has {dim}")
     step, length = float(params["step_size"]), float(params["trajectory_length"])
-    options = dict(options, adapt=False, step_size=step, trajectory_length=length if length > 0 else None)
+    options = dict(options, adapt=False, cold_start=False, step_size=step,
+                   trajectory_length=length if length > 0 else None)
     if options["kernel"] == "hmc" and options["num_steps"] is None and length <= 0:
         raise ValueError(f"adapted_from={str(path)!r} holds no trajectory length: give num_steps")
     return options, params

@@ -169,7 +169,8 @@ def precompile(spec: RunSpec, model, folder: str) -> dict:
         return path
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="dhmc-compile")
-    phases = {"warmup": max(1, spec.warmup)} if spec.warmup else {}
+    phases = {"cold": 0} if spec.cold_start else {}
+    phases |= {"warmup": max(1, spec.warmup)} if spec.warmup else {}
     phases["sample"] = spec.draws_per_segment
     futures = {phase: pool.submit(compile_in_this_thread, phase, n, spec.chains_per_task, spec.dense_mass)
                for phase, n in phases.items()}

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dhmc.core.cold import ColdParams
 from dhmc.core.ensemble import KernelConfig, Params
 from dhmc.distributed import events
 from dhmc.distributed.program import build_program, compile_program, load_executable
@@ -45,7 +46,7 @@ class Job:
     x64: bool
     config: KernelConfig
     seed: int
-    phase: str  # "warmup" (adapting, or burn-in with fixed parameters when not adapt) or "sample"
+    phase: str  # "cold" (unadjusted burn-in), "warmup" (adapting, or burn-in with fixed parameters) or "sample"
     chain_start: int
     chain_stop: int
     first_iteration: int
@@ -131,7 +132,7 @@ def _read(path: str | None) -> bytes | None:
 
 
 def _program(job: Job, model, args):
-    key = (job.model_token, job.x64, job.config, job.phase, None if job.phase == "warmup" else job.num_iterations,
+    key = (job.model_token, job.x64, job.config, job.phase, job.num_iterations if job.phase == "sample" else None,
            tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)))
     if key in _PROGRAMS:
         return _PROGRAMS[key], 0.0
@@ -153,9 +154,12 @@ def run_job(job: Job) -> dict:
     prepare_process()
     model = load_model(job.model_token, job.model_blob)
     dtype = model.dtype
-    params = Params(*(jnp.asarray(job.params[k], dtype) for k in Params._fields))
+    kind = ColdParams if job.phase == "cold" else Params
+    params = kind(*(jnp.asarray(job.params[k], dtype) for k in kind._fields))
     chains = jnp.arange(job.chain_start, job.chain_stop, dtype=jnp.uint32)
     args = (jnp.uint32(job.seed), chains, jnp.asarray(job.positions, dtype), params, jnp.int32(job.first_iteration))
+    if job.phase == "cold":
+        args += (jnp.int32(job.num_iterations),)
     if job.phase == "warmup":
         args += (jnp.int32(job.num_iterations), jnp.bool_(job.adapt), jnp.bool_(job.collect_mass),
                  jnp.bool_(job.find_step))
@@ -165,7 +169,11 @@ def run_job(job: Job) -> dict:
     seconds = time.perf_counter() - start
     result = {"position": end, "seconds": seconds, "compile_seconds": compile_seconds, "where": _where()}
     n = job.chain_stop - job.chain_start
-    if job.phase == "warmup":
+    if job.phase == "cold":
+        result["stats"] = out._asdict() | {"moments": out.moments._asdict()}
+        # unadjusted: every step is kept (an undone, non-finite step counts as a divergence)
+        grad_evals, acceptance, divergences = int(out.grad_evals), 1.0, int(out.nans)
+    elif job.phase == "warmup":
         if job.config.record_warmup:
             out, recorded = out
             result["warmup_draws"] = {k: v[:, :job.num_iterations] for k, v in recorded.items()}

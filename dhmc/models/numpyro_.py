@@ -44,6 +44,10 @@ class NumPyroTarget:
     the dims of the sites inside them. With ``log_likelihood=True`` the flat model also gives each
     observed site's log-likelihood (per observation, as :func:`numpyro.infer.log_likelihood`), with
     ``predictive=True`` a draw of each observed site given the position (the posterior predictive).
+    With ``noncentered=True`` every latent site with a ``loc`` and a ``scale`` of which at least one depends on
+    other latent sites (a hierarchy's ``theta ~ Normal(mu, tau)``) is sampled non-centred, ``theta = mu + tau *
+    theta_decentered`` (NumPyro's ``LocScaleReparam(0)``): the funnel between ``theta`` and ``tau`` is gone, and
+    ``theta`` is still reported (a deterministic site) beside ``theta_decentered``.
     """
 
     model: Callable
@@ -54,17 +58,22 @@ class NumPyroTarget:
     log_likelihood: bool = False
     init: Any = None
     predictive: bool = False
+    noncentered: bool = False
 
-    def with_outputs(self, log_likelihood: bool = False, predictive: bool = False) -> NumPyroTarget:
-        """The same model, its flat model also giving pointwise log-likelihoods and/or predictive draws."""
+    def with_outputs(self, log_likelihood: bool = False, predictive: bool = False,
+                     noncentered: bool = False) -> NumPyroTarget:
+        """The same model, its flat model also giving pointwise log-likelihoods and/or predictive draws (and its
+        hierarchy sampled non-centred)."""
         from dataclasses import replace
 
-        return replace(self, log_likelihood=log_likelihood, predictive=predictive)
+        return replace(self, log_likelihood=log_likelihood, predictive=predictive,
+                       noncentered=noncentered or self.noncentered)
 
     def sample_prior(self, draws: int, seed: int) -> tuple[dict, dict]:
         """``(prior, prior_predictive)``: ``draws`` joint draws of the latent (and deterministic) and observed sites."""
         keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), PRIOR_STREAM), draws)
-        run = jax.jit(jax.vmap(lambda key: _draw_sites(self.model, self.model_args, self.model_kwargs, key)))
+        model = self.sampled_model()
+        run = jax.jit(jax.vmap(lambda key: _draw_sites(model, self.model_args, self.model_kwargs, key)))
         return jax.tree.map(np.asarray, run(keys))
 
     def build(self) -> FlatModel:
@@ -72,7 +81,8 @@ class NumPyroTarget:
         from numpyro.infer.util import constrain_fn, initialize_model, potential_energy
 
         strategy = self._init_strategy()
-        info = initialize_model(jax.random.PRNGKey(0), self.model, model_args=self.model_args,
+        model = self.sampled_model()
+        info = initialize_model(jax.random.PRNGKey(0), model, model_args=self.model_args,
                                 model_kwargs=self.model_kwargs, dynamic_args=False,
                                 init_strategy=strategy or init_to_uniform)
         template = info.param_info.z
@@ -82,7 +92,7 @@ class NumPyroTarget:
             if unknown:
                 raise ValueError(f"init names {unknown[0]!r}, which is not a latent site of the model; its latent "
                                  f"sites are {', '.join(sorted(template))}")
-        args, kwargs, model = self.model_args, self.model_kwargs, self.model
+        args, kwargs = self.model_args, self.model_kwargs
 
         def logdensity(x):
             return -potential_energy(model, args, kwargs, unravel(x))
@@ -115,6 +125,16 @@ class NumPyroTarget:
                          observed, dims=dims, coords=coords, log_likelihood_fn=pointwise,
                          predictive_fn=predictive if self.predictive else None)
 
+    def sampled_model(self) -> Callable:
+        """The model as sampled: the user's, or with ``noncentered`` its hierarchical loc-scale sites non-centred."""
+        if not self.noncentered:
+            return self.model
+        from numpyro import handlers
+        from numpyro.infer.reparam import LocScaleReparam
+
+        sites = noncentred_sites(self.model, self.model_args, self.model_kwargs)
+        return handlers.reparam(self.model, config={name: LocScaleReparam(0) for name in sites})
+
     def _init_strategy(self):
         """NumPyro's init strategy for ``init``; None for the default uniform start."""
         if self.init is None:
@@ -130,6 +150,33 @@ class NumPyroTarget:
 
 
 PRIOR_STREAM = 2**32 - 2  # keys of prior draws: fold_in data no kernel iteration reaches
+
+
+def noncentred_sites(model, args=(), kwargs=None) -> list[str]:
+    """The latent sites of ``model`` that ``LocScaleReparam(0)`` can non-centre and that a hierarchy makes worth it:
+    real support, a ``loc`` and a ``scale`` (under any ``expand``/``to_event``), and at least one other latent site
+    they depend on (``numpyro.infer.inspect.get_dependencies``)."""
+    from numpyro import handlers
+    from numpyro.distributions import constraints
+    from numpyro.infer.inspect import get_dependencies
+
+    kwargs = kwargs or {}
+    try:
+        depends = get_dependencies(model, args, kwargs)["prior_dependencies"]
+    except Exception as e:  # noqa: BLE001 - reported in the user's terms
+        raise ValueError(f"noncentered=True could not trace the model's dependencies ({type(e).__name__}: {e}); "
+                         "write the hierarchy non-centred yourself") from None
+    trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+    latent = {n for n, s in trace.items() if s["type"] == "sample" and not s.get("is_observed")}
+
+    def loc_scale(fn) -> bool:
+        while hasattr(fn, "base_dist"):  # ExpandedDistribution, Independent
+            fn = fn.base_dist
+        support = fn.support.base_constraint if isinstance(fn.support, constraints.independent) else fn.support
+        return hasattr(fn, "loc") and hasattr(fn, "scale") and support is constraints.real
+
+    return [n for n in trace if n in latent and loc_scale(trace[n]["fn"])
+            and (set(depends.get(n, {})) & latent) - {n}]
 
 
 def _draw_sites(model, args, kwargs, key, latent=None) -> tuple[dict, dict]:
@@ -175,4 +222,4 @@ def numpyro_model(fn: Callable) -> Callable:
     return fn
 
 
-__all__ = ["NumPyroTarget", "is_numpyro_model", "numpyro_model", "plate_dims"]
+__all__ = ["NumPyroTarget", "is_numpyro_model", "numpyro_model", "plate_dims", "noncentred_sites"]

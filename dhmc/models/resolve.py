@@ -49,19 +49,24 @@ def resolve_target(target, init, chains, model_args, model_kwargs):
     return LogDensityTarget(target, init, name=name), name, None
 
 
-def with_outputs(target, name: str, log_likelihood: bool = False, predictive: bool = False, prior: int = 0):
-    """The target whose flat model also gives pointwise log-likelihoods and/or predictive draws.
+def with_outputs(target, name: str, log_likelihood: bool = False, predictive: bool = False, prior: int = 0,
+                 noncentered: bool = False):
+    """The target whose flat model also gives pointwise log-likelihoods and/or predictive draws, and samples its
+    hierarchy non-centred (``noncentered``).
 
-    Those outputs, and prior draws, need a NumPyro model: a log density does not say which of its
-    terms is the likelihood, nor how to draw data.
+    Those need a NumPyro model: a log density does not say which of its terms is the likelihood, nor how to
+    draw data, nor how it was parameterised.
     """
-    if not (log_likelihood or predictive or prior):
+    if not (log_likelihood or predictive or prior or noncentered):
         return target
     if not hasattr(target, "with_outputs"):
+        if noncentered:
+            raise ValueError(f"noncentered=True needs a NumPyro model; {name!r} is a log density, whose "
+                             "parameterisation dhmc cannot change: write its hierarchy non-centred")
         asked = "log_likelihood=True" if log_likelihood else "predictive=True" if predictive else "prior"
         raise ValueError(f"{asked} needs a NumPyro model with observed sites; {name!r} is a log density, whose "
                          "likelihood and data dhmc cannot tell from its prior")
-    return target.with_outputs(log_likelihood=log_likelihood, predictive=predictive)
+    return target.with_outputs(log_likelihood=log_likelihood, predictive=predictive, noncentered=noncentered)
 
 
 def with_labels(model: FlatModel, dims, coords) -> FlatModel:

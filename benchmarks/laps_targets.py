@@ -1,0 +1,158 @@
+"""Three of the LAPS paper's targets that need no download, written here in JAX with data made from a fixed seed,
+and their references (made once by ``python -m benchmarks.laps_targets``, kept in ``benchmarks/references/``).
+
+* ``icg100``: a 100-D ill-conditioned Gaussian, covariance eigenvalues Gamma(shape 0.5) draws in a random
+  rotation (inference-gym's recipe); its moments are exact.
+* ``brownian``: Brownian motion with unknown scales and the middle 10 of 30 observations missing (inference-gym's
+  ``BrownianMotionUnknownScalesMissingMiddleObservations``): innovation and observation noise scales with
+  LogNormal(0, 2) priors (sampled as their logs), 30 positions; 32-D. Data simulated with scales 0.1 and 0.15.
+* ``irt``: a synthetic item-response model (inference-gym's ``SyntheticItemResponseTheory``): 400 students' abilities
+  N(0, 1), 100 questions' difficulties N(0, 1), a mean ability N(0.75, 1), every student answering every question,
+  ``P(correct) = sigmoid(mean + ability - difficulty)``; 501-D.
+
+The data are ours, not inference-gym's files (nothing is downloaded), so the numbers are not the paper's targets
+bit for bit; the geometry is. References of ``brownian`` and ``irt``: NumPyro NUTS in float64, 4 chains after 2,000
+warmup (dense metric), every quantity's mean, sd, Monte Carlo error of the mean, E[x^2] and
+Var[x^2], with the run's min ESS and max R-hat; every sampler's b^2 and correctness use them as the truth (the
+correctness test counts the reference's own Monte Carlo error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+REFERENCES = Path(__file__).resolve().parent / "references"
+NAMES = ("icg100", "brownian", "irt")
+BROWNIAN_STEPS, BROWNIAN_MISSING = 30, slice(10, 20)
+IRT_STUDENTS, IRT_QUESTIONS = 400, 100
+
+
+def icg_covariance(d: int = 100, seed: int = 10):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    eigenvalues = np.sort(rng.gamma(0.5, 1.0, size=d))
+    q, r = np.linalg.qr(rng.normal(size=(d, d)))
+    q = q * np.sign(np.diag(r))
+    return (q * eigenvalues) @ q.T, eigenvalues
+
+
+def brownian_data(seed: int = 1):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = np.cumsum(rng.normal(0.0, 0.1, BROWNIAN_STEPS))
+    y = x + rng.normal(0.0, 0.15, BROWNIAN_STEPS)
+    observed = np.ones(BROWNIAN_STEPS, bool)
+    observed[BROWNIAN_MISSING] = False
+    return y, observed
+
+
+def irt_data(seed: int = 2):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ability, difficulty, mean = rng.normal(size=IRT_STUDENTS), rng.normal(size=IRT_QUESTIONS), 0.75 + rng.normal()
+    logits = mean + ability[:, None] - difficulty[None, :]
+    return (rng.uniform(size=logits.shape) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+
+
+def target(name: str):
+    """``(logdensity(position dict), init dict)`` of a target."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.scipy.stats import norm
+
+    if name == "icg100":
+        cov, _ = icg_covariance()
+        precision = np.linalg.inv(cov)
+        precision = 0.5 * (precision + precision.T)
+
+        def logdensity(p):
+            x = p["x"]
+            return -0.5 * x @ jnp.asarray(precision, x.dtype) @ x
+
+        return logdensity, {"x": np.zeros(cov.shape[0])}
+    if name == "brownian":
+        y, observed = brownian_data()
+
+        def logdensity(p):
+            x, li, lo = p["x"], p["log_innovation"], p["log_observation"]
+            lp = norm.logpdf(li, 0.0, 2.0) + norm.logpdf(lo, 0.0, 2.0)  # LogNormal(0, 2) scales, as their logs
+            steps = jnp.diff(x, prepend=jnp.zeros((1,), x.dtype))
+            lp += jnp.sum(norm.logpdf(steps, 0.0, jnp.exp(li)))
+            lp += jnp.sum(jnp.where(jnp.asarray(observed), norm.logpdf(jnp.asarray(y, x.dtype), x, jnp.exp(lo)), 0.0))
+            return lp
+
+        return logdensity, {"x": np.zeros(BROWNIAN_STEPS), "log_innovation": np.zeros(()),
+                            "log_observation": np.zeros(())}
+    if name == "irt":
+        answers = irt_data()
+
+        def logdensity(p):
+            ability, difficulty, mean = p["ability"], p["difficulty"], p["mean_ability"]
+            logits = mean + ability[:, None] - difficulty[None, :]
+            a = jnp.asarray(answers, logits.dtype)
+            lp = jnp.sum(a * logits - jnp.logaddexp(0.0, logits))
+            return lp - 0.5 * (jnp.sum(ability**2) + jnp.sum(difficulty**2) + (mean - 0.75) ** 2)
+
+        return logdensity, {"ability": np.zeros(IRT_STUDENTS), "difficulty": np.zeros(IRT_QUESTIONS),
+                            "mean_ability": np.zeros(())}
+    raise KeyError(name)
+
+
+def reference(name: str) -> dict:
+    """``{quantity: (mean, sd, mcse of the mean, E[x^2], Var[x^2])}``: exact for ``icg100`` (mcse 0), else the kept
+    reference's."""
+    import numpy as np
+
+    if name == "icg100":
+        var = np.diag(icg_covariance()[0])
+        return {f"x[{i}]": (0.0, float(math.sqrt(v)), 0.0, float(v), float(2 * v * v)) for i, v in enumerate(var)}
+    data = json.loads((REFERENCES / f"{name}.json").read_text())
+    return {k: tuple(v) for k, v in data["moments"].items()}
+
+
+def make(name: str, seed: int = 0, draws: int = 5000) -> dict:
+    """NumPyro NUTS, 4 chains x ``draws`` after 2,000 warmup, float64: the kept reference of ``name``."""
+    import jax
+    import numpy as np
+    from numpyro.infer import MCMC, NUTS
+
+    from benchmarks.ess import _scalars
+    from dhmc.stats import ess_bulk, split_rhat
+
+    jax.config.update("jax_enable_x64", True)
+    logdensity, init = target(name)
+    mcmc = MCMC(NUTS(potential_fn=lambda p: -logdensity(p), dense_mass=True), num_warmup=2000,
+                num_samples=draws, num_chains=4, chain_method="sequential", progress_bar=False)
+    starts = {k: np.asarray(v, np.float64) + np.random.default_rng(seed).uniform(-0.5, 0.5, (4, *np.shape(v)))
+              for k, v in init.items()}
+    mcmc.run(jax.random.PRNGKey(seed), init_params=starts)
+    q = _scalars({k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()})
+    moments = {k: (float(v.mean()), float(v.std()), float(v.std() / math.sqrt(ess_bulk(v))), float((v**2).mean()),
+                   float((v**2).var())) for k, v in q.items()}
+    return {"target": name, "sampler": f"numpyro NUTS, 4 chains x {draws} draws after 2000 warmup, float64",
+            "seed": seed, "min_ess_bulk": min(float(ess_bulk(v)) for v in q.values()),
+            "max_split_rhat": max(float(split_rhat(v)) for v in q.values()), "moments": moments}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", default=["brownian", "irt"])
+    ap.add_argument("--draws", type=int, default=5000, help="NUTS draws per chain (4 chains)")
+    args = ap.parse_args(argv)
+    REFERENCES.mkdir(exist_ok=True)
+    for name in args.names:
+        out = make(name, draws=args.draws)
+        (REFERENCES / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+        print(f"{name}: min bulk ESS {out['min_ess_bulk']:.0f}, max split R-hat {out['max_split_rhat']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

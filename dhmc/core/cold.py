@@ -1,0 +1,141 @@
+"""The cold phase: unadjusted isokinetic (microcanonical Langevin) dynamics, one gradient an iteration,
+its step size re-estimated from the ensemble after every gradient.
+
+From a cold start the chains are far from the typical set and the ensemble's spread is no measure of
+the posterior's, so a Metropolis-adjusted kernel tuned on it takes long trajectories of small steps
+(Zhang, Altschuler & Chewi 2026: Omega(d^1/2) from a cold start, against O~(d^1/4) without the test).
+This phase follows LAPS's burn-in (Robnik & Seljak 2026; BlackJAX's ``laps_burn_in``): every chain
+takes one velocity-Verlet step of the isokinetic dynamics, its unit velocity partially refreshed
+(decoherence length ``L``), with no accept/reject; after each step the block's chains set the next
+step size from the variance of their energy errors per dimension against a bias budget that shrinks
+as the ensemble approaches equipartition:
+
+    EEVPD = Var(dE) / d,    wanted = C * D^(3/8),    D = mean_i (1 - Cov(x_i, -g_i))^2,
+    eps <- eps * clip((wanted / EEVPD)^(1/6), 0.3, 3)   (halved when a chain's step was not finite)
+
+and ``L = alpha sqrt(sum_i Var y_i)`` in the metric's whitened units ``y``. A step that is not finite
+is undone. The metric (diagonal) is fixed within a block; the driver re-estimates it between blocks
+from the whole ensemble's positions and gradients (:mod:`dhmc.core.adaptation.fisher`). The bias of
+the unadjusted dynamics does not reach the draws: the Metropolis-adjusted warmup follows.
+
+Each chain's randomness is ``fold_in(fold_in(chain key, COLD_STREAM), iteration)``, apart from the
+adjusted kernels' iterations; every ensemble statistic is over the block's chains in a fixed order, so
+a block's result depends on its chains and the seed only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dhmc.core.adaptation.fisher import CrossMoments, cross_moments, equipartition
+from dhmc.core.mams import velocity_update
+from dhmc.core.metropolis import transition_noise
+from dhmc.types import Array, LogDensityFn
+
+__all__ = ["COLD_STREAM", "ALPHA", "BIAS_SCALE", "ColdParams", "ColdStats", "cold_chunk"]
+
+COLD_STREAM = 2**32 - 3  # fold_in data no adjusted iteration reaches (predictive draws: 2**32 - 1)
+ALPHA = 1.9  # L = ALPHA sqrt(sum of whitened variances): BlackJAX's laps default (the paper's 2)
+BIAS_SCALE = 0.1  # C of the step-size law (BlackJAX's laps default)
+MAX_FACTOR = 3.0  # the step size changes by at most this factor per gradient, either way
+
+
+class ColdParams(NamedTuple):
+    """A cold block's inputs shared by its chains: the step size (whitened units) and the diagonal metric."""
+
+    step_size: Array
+    inverse_mass_matrix: Array  # (d,): variances; the metric's whitened coordinates are x / sqrt(.)
+
+
+class ColdStats(NamedTuple):
+    """What a cold block reports for the driver to merge: its last step size, the moments of its end
+    positions and gradients, and counts."""
+
+    step_size: Array
+    moments: CrossMoments
+    energy_variance: Array  # Var(dE) / d of the last step
+    logdensity: Array  # (chains,): each chain's log density at its end
+    nans: Array  # steps undone (not finite), all chains
+    grad_evals: Array  # gradients of all chains, the block's start included
+
+
+class _Chain(NamedTuple):
+    position: Array
+    velocity: Array  # unit, in whitened coordinates
+    logdensity: Array
+    logdensity_grad: Array
+
+
+def _unit(v: Array) -> Array:
+    return v / jnp.sqrt(jnp.sum(v**2, axis=-1, keepdims=True))
+
+
+def _step(logdensity_fn, chain: _Chain, step_size, scale):
+    """One isokinetic velocity-Verlet step (MAMS's, :mod:`dhmc.core.mams`); returns the chain and its energy error."""
+    half = 0.5 * step_size
+    u, k1 = velocity_update(chain.velocity, scale * chain.logdensity_grad, half)
+    x = chain.position + step_size * scale * u
+    logdensity, grad = jax.value_and_grad(logdensity_fn)(x)
+    u, k2 = velocity_update(u, scale * grad, half)
+    return _Chain(x, u, logdensity, grad), chain.logdensity - logdensity + k1 + k2
+
+
+def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: float = BIAS_SCALE):
+    """Return ``run(keys, positions, params, first_iteration, num_iterations) -> (positions, ColdStats)``.
+
+    ``keys`` are the chains' keys (:func:`dhmc.core.ensemble.chain_keys`), ``positions`` ``(chains, d)``.
+    A block starts each chain's velocity along its whitened gradient, towards the mode on coordinates
+    where the block is wider than equipartition and away from it where narrower (LAPS's start), and
+    runs ``num_iterations`` steps (traced: one compiled program serves every block).
+    """
+
+    def run(keys, positions, params: ColdParams, first_iteration, num_iterations):
+        chains, dim = positions.shape
+        dtype = positions.dtype
+        scale = jnp.sqrt(params.inverse_mass_matrix.astype(dtype))
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, COLD_STREAM))(keys)
+        logdensity, grad = jax.vmap(jax.value_and_grad(logdensity_fn))(positions)
+        start = cross_moments(positions, grad)
+        wide = jnp.where(-start.m_xg / jnp.maximum(start.count - 1, 1) >= 1.0, 1.0, -1.0)
+        velocity = _unit(jnp.where(jnp.isfinite(grad), wide * scale * grad, 0.0)
+                         + jnp.finfo(dtype).tiny)  # a zero gradient: any direction
+        chain = _Chain(positions, velocity, logdensity, grad)
+        eps0 = params.step_size.astype(dtype)
+        dims = jnp.asarray(dim, dtype)
+
+        def body(i, carry):
+            chain, eps, _, nans = carry
+            x = chain.position / scale
+            length = alpha * jnp.sqrt(jnp.sum(jnp.var(x, axis=0)))
+            new, d_energy = jax.vmap(lambda c: _step(logdensity_fn, c, eps, scale))(chain)
+            ok = (jnp.isfinite(new.logdensity) & jnp.isfinite(d_energy) & jnp.all(jnp.isfinite(new.position), 1)
+                  & jnp.all(jnp.isfinite(new.logdensity_grad), 1) & jnp.all(jnp.isfinite(new.velocity), 1))
+            new = jax.tree.map(lambda a, b: jnp.where(ok.reshape(-1, *([1] * (a.ndim - 1))), a, b), new, chain)
+            noise = jax.vmap(lambda k: transition_noise(jax.random.fold_in(k, first_iteration + i), x[0])[0])(keys)
+            nu = jnp.sqrt(jnp.expm1(2.0 * eps / jnp.maximum(length, eps)) / dims)
+            new = new._replace(velocity=_unit(new.velocity + nu * noise))
+            good = ok.astype(dtype)
+            n_ok = jnp.maximum(jnp.sum(good), 1.0)
+            d_energy = jnp.where(ok, d_energy, 0.0)
+            mean_de = jnp.sum(d_energy) / n_ok
+            eevpd = jnp.sum(good * (d_energy - mean_de) ** 2) / n_ok / dims
+            bias = equipartition(cross_moments(new.position, new.logdensity_grad, good))
+            wanted = bias_scale * bias ** (3.0 / 8.0)
+            factor = jnp.clip((wanted / jnp.maximum(eevpd, jnp.finfo(dtype).tiny)) ** (1.0 / 6.0),
+                              1.0 / MAX_FACTOR, MAX_FACTOR)
+            failed = jnp.sum(1.0 - good)
+            factor = jnp.where((failed > 0) | ~jnp.isfinite(factor), 0.5, factor)
+            return new, eps * factor, eevpd, nans + failed.astype(jnp.int32)
+
+        carry = (chain, eps0, jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
+        chain, eps, eevpd, nans = jax.lax.fori_loop(0, num_iterations, body, carry)
+        grads = (chains * (num_iterations + 1)).astype(jnp.int32)
+        stats = ColdStats(eps, cross_moments(chain.position, chain.logdensity_grad), eevpd, chain.logdensity, nans,
+                          grads)
+        return chain.position, stats
+
+    return run
+

@@ -1,0 +1,155 @@
+"""Warmup's policy (``dhmc.distributed.warmup.Policy``), driven without a cluster: made-up block statistics in,
+the rounds and parameters it asks for out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dhmc.core.adaptation import fisher
+from dhmc.distributed import warmup
+
+DIM, CHAINS = 3, 512
+SDS = np.array([0.1, 1.0, 10.0])
+
+
+def _policy(auto=True, dense=False, rounds=None, cold=True) -> warmup.Policy:
+    params = {"step_size": np.asarray(-1.0, np.float32), "inverse_mass_matrix": np.ones(DIM, np.float32),
+              "trajectory_length": np.asarray(-1.0, np.float32)}
+    rounds = rounds or (warmup.auto_rounds(1000, warmup.AUTO_ROUND_AFTER_COLD) if auto else warmup.fixed_rounds(200))
+    return warmup.Policy(rounds, params, auto=auto, adapt=True, dense=dense, cold=cold, chains=CHAINS, dim=DIM,
+                         dtype=np.float32)
+
+
+def _draws(seed: int, corr: float = 0.0, shift: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(CHAINS, DIM))
+    z[:, 1] = corr * z[:, 0] + math.sqrt(1 - corr**2) * z[:, 1]
+    return (z + shift) * SDS
+
+
+def _cold_stats(x: np.ndarray, step: float) -> list[dict]:
+    """Two blocks' ColdStats of a Gaussian of sds SDS (gradient -x / sd^2), as a worker returns them."""
+    out = []
+    for part in (x[: CHAINS // 2], x[CHAINS // 2:]):
+        m = fisher.cross_moments(part, -part / SDS**2, xp=np)
+        lp = -0.5 * np.sum((part / SDS) ** 2, axis=1)
+        out.append({"step_size": step, "moments": m._asdict(), "energy_variance": 0.01, "nans": 0,
+                    "logdensity": lp, "grad_evals": len(part) * 21})
+    return out
+
+
+def _adjusted_stats(x: np.ndarray, step: float, length: float) -> list[dict]:
+    from dhmc.core.adaptation.welford import welford
+
+    wf = welford(False, xp=np)
+    out = []
+    for part in (x[: CHAINS // 2], x[CHAINS // 2:]):
+        m = wf.update(wf.init(DIM, np.float64), part)
+        out.append({"step_size": step, "trajectory_length": length, "mass": m._asdict(), "acceptance_rate": 0.8,
+                    "divergences": 0, "grad_evals": len(part) * 100})
+    return out
+
+
+def _run(policy: warmup.Policy, draws, cold_shift=lambda r: 0.0) -> list[warmup.Step]:
+    steps, positions, r = [], draws(0), 0
+    while (step := policy.next()) is not None:
+        steps.append(step)
+        end = draws(r + 1) if step.phase == "warmup" else draws(r + 1) + cold_shift(r) * SDS
+        stats = (_cold_stats(end, 0.5) if step.phase == "cold"
+                 else _adjusted_stats(end, 0.3, float(step.params["trajectory_length"])))
+        policy.update(step, stats, np.array([CHAINS // 2, CHAINS // 2], float), positions, end)  # (record, start)
+        positions, r = end, r + 1
+        assert r < 200
+    return steps
+
+
+def test_a_stationary_ensemble_leaves_the_cold_phase_after_three_rounds_of_steps():
+    """Round 0 measures the start (no step); rounds 1-3 step; rounds 2 and 3 agree with their previous ones:
+    adjusted rounds follow, in the cold ensemble's metric, the step searched and the trajectory set from the
+    ensemble's width."""
+    policy = _policy()
+    steps = _run(policy, _draws)
+    phases = [s.phase for s in steps]
+    assert phases[:4] == ["cold"] * 4 and phases[4] == "warmup"
+    assert [s.iterations for s in steps[:4]] == [0] + [warmup.COLD_ROUND] * 3
+    assert steps[1].params["step_size"] == pytest.approx(warmup.COLD_START_STEP * math.sqrt(DIM))
+    np.testing.assert_allclose(steps[1].params["inverse_mass_matrix"], SDS**2, rtol=1e-5)  # exact: Gaussian
+    first = steps[4].params
+    assert float(first["step_size"]) < 0  # searched by the first adjusted block
+    np.testing.assert_allclose(first["inverse_mass_matrix"], SDS**2, rtol=0.2)
+    assert 0.5 < float(first["trajectory_length"]) < 2.0  # START_LENGTH sds of the widest whitened direction
+    assert len(steps) - 4 >= warmup.MIN_ROUNDS and all(s.iterations == warmup.AUTO_ROUND_AFTER_COLD
+                                                       for s in steps[4:])
+
+
+def test_a_drifting_ensemble_stays_cold_until_the_cap():
+    policy = _policy()
+    steps = _run(policy, _draws, cold_shift=lambda r: 0.5 * r)  # the mean moves by half an sd a round
+    cold = [s for s in steps if s.phase == "cold"]
+    assert sum(s.iterations + 1 for s in cold) >= warmup.MAX_COLD
+    assert steps[len(cold)].phase == "warmup"
+
+
+def test_dense_mass_none_chooses_a_dense_metric_for_a_correlated_ensemble_only():
+    for corr, dense in ((0.99, True), (0.0, False)):
+        policy = _policy(dense=None)
+        steps = _run(policy, lambda s, c=corr: _draws(s, c))
+        assert policy.dense is dense
+        metric = steps[-1].params["inverse_mass_matrix"]
+        assert metric.shape == ((DIM, DIM) if dense else (DIM,))
+
+
+def test_wants_dense_needs_the_chains_to_estimate_it():
+    x = _draws(0, 0.99)
+    assert warmup.wants_dense(x)
+    assert not warmup.wants_dense(x[: 4 * DIM - 1])  # fewer than 4 chains a dimension
+    assert not warmup.wants_dense(x[:, :1])  # one dimension
+
+
+def test_an_integer_warmup_has_no_cold_phase_and_runs_its_rounds():
+    policy = _policy(auto=False, dense=None)
+    steps = _run(policy, _draws)
+    assert [s.phase for s in steps] == ["warmup"] * len(warmup.fixed_rounds(200))
+    assert [s.iterations for s in steps] == warmup.fixed_rounds(200)
+    assert policy.dense is False
+
+
+def test_adjusted_iterations_leave_the_cold_phase_out():
+    history = [{"phase": "cold", "iterations": 20}, {"iterations": 15}, {"iterations": 15}]
+    assert warmup.adjusted_iterations(history) == 30
+
+
+def test_stray_chains_are_reseated_onto_the_next_chain_that_is_not():
+    """Two chains 400 nats below an ensemble whose log densities spread over an IQR of 2 (a Gaussian mixture's
+    local mode): moved onto their next neighbours in chain order; a chain merely in the tail is left alone."""
+    rng = np.random.default_rng(0)
+    lp = -2105 + rng.normal(size=1024) * 1.5
+    lp[[5, 1023]] = -2492.0
+    lp[7] = -2113.0
+    lp[6] = np.nan
+    x = np.arange(1024.0)[:, None] * np.ones((1, 3))
+    moved, n = warmup.reseat_strays(x, lp)
+    assert n == 3
+    np.testing.assert_array_equal(moved[[5, 6, 1023]], x[[7, 7, 0]])  # 6 is not finite: stray too
+    np.testing.assert_array_equal(np.delete(moved, [5, 6, 1023], 0), np.delete(x, [5, 6, 1023], 0))
+    same, none = warmup.reseat_strays(x, -2105 + rng.normal(size=1024) * 30)
+    assert none == 0 and same is x
+
+
+def test_paired_drift_sees_a_slow_one_way_drift_that_the_moments_do_not():
+    rng = np.random.default_rng(1)
+    start = rng.normal(size=(1024, 2))
+    still = start + 0.05 * rng.normal(size=start.shape)
+    assert warmup.paired_drift(start, still) < warmup.critical_z(2)
+    assert warmup.paired_drift(start, still - 0.02) > warmup.critical_z(2)  # 2% of an sd, all one way
+
+
+def test_one_dimension_has_no_cold_phase():
+    """Isokinetic dynamics need a velocity on a sphere of two dimensions or more."""
+    params = {"step_size": np.asarray(-1.0), "inverse_mass_matrix": np.ones(1), "trajectory_length": np.asarray(-1.0)}
+    policy = warmup.Policy(warmup.auto_rounds(100), params, auto=True, adapt=True, dense=None, cold=True, chains=64,
+                           dim=1, dtype=np.float32)
+    assert policy.next().phase == "warmup" and policy.dense is False

@@ -1,0 +1,50 @@
+"""A NumPyro model's hierarchy non-centred by dhmc (``NumPyroTarget(noncentered=True)``), without a cluster."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import dhmc
+from dhmc.models.numpyro_ import NumPyroTarget, noncentred_sites
+
+SIGMA = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+Y = jnp.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+
+
+def centred(sigma, y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("school", y.shape[0]):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+def flat(sigma, y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+def test_only_sites_whose_loc_or_scale_depend_on_latent_sites_are_non_centred():
+    assert noncentred_sites(centred, (SIGMA, Y)) == ["theta"]  # mu's loc and scale are constants; tau: no loc
+    assert noncentred_sites(flat, (SIGMA, Y)) == []
+
+
+def test_the_non_centred_model_reports_the_site_and_its_standard_normal():
+    model = NumPyroTarget(centred, (SIGMA, Y), noncentered=True).build()
+    assert model.dim == 10
+    position = np.zeros(model.dim, np.float32)
+    position[-8:] = 1.0  # theta_decentered (sites in name order: mu, tau, theta_decentered)
+    out = model.constrain_fn(jnp.asarray(position))
+    assert set(out) == {"mu", "tau", "theta", "theta_decentered"}
+    np.testing.assert_allclose(out["theta"], out["mu"] + out["tau"] * out["theta_decentered"], rtol=1e-6)
+    assert model.dims["theta"] == ["school"] and model.dims["theta_decentered"] == ["school"]
+
+
+def test_noncentered_needs_a_numpyro_model_and_says_so_before_any_work():
+    with pytest.raises(ValueError, match=r"noncentered=True needs a NumPyro model; .* is a log density"):
+        dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, noncentered=True,
+                    cluster="tcp://127.0.0.1:1")  # never reached
