@@ -642,6 +642,8 @@ def main(argv=None) -> int:
     if args.all and args.out == str(RESULTS / "ess.json"):
         args.out = str(RESULTS / "ess_all.json")
     problems = [resolve_problem(p) for p in (args.problems or (ALL_PROBLEMS if args.all else ["eight_schools"]))]
+    if NONCENTERED in problems:  # its route is dhmc's NumPyro path, which many_chains.py runs
+        ap.error(f"{NONCENTERED} is measured by benchmarks.many_chains only")
     samplers = args.samplers or list(ALL_SAMPLERS if args.all else DEFAULT_SAMPLERS)
     unknown = [s for s in samplers if s not in ALL_SAMPLERS]
     if unknown:

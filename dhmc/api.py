@@ -25,6 +25,7 @@ from dhmc.distributed.spec import (
     run_attrs,
 )
 from dhmc.distributed.startup import Startup, pickle_target
+from dhmc.distributed.warmup import cold_applies
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
 
@@ -163,7 +164,7 @@ def sample(
     pickled = pickle_target(resolved)  # as the user gave it: nothing has traced it yet
     model = with_labels(resolved.build(), dims, coords)
     check_kernel_fits(options["kernel"], model.dim)
-    options["cold_start"] = options["cold_start"] and model.dim >= 2  # isokinetic dynamics need two dimensions
+    options["cold_start"] = options["cold_start"] and cold_applies(options["chains"], model.dim)
     params = None
     if adapted_from is not None:
         options, params = adapted_options(adapted_from, options, model.dim)

@@ -37,6 +37,7 @@ from dhmc.types import Array, LogDensityFn
 
 __all__ = ["COLD_STREAM", "ALPHA", "BIAS_SCALE", "ColdParams", "ColdStats", "cold_chunk"]
 
+START_NOISE = 2**31  # fold_in data of a chain's start direction where it has no gradient (iterations stay below)
 COLD_STREAM = 2**32 - 3  # fold_in data no adjusted iteration reaches (predictive draws: 2**32 - 1)
 ALPHA = 1.9  # L = ALPHA sqrt(sum of whitened variances): BlackJAX's laps default (the paper's 2)
 BIAS_SCALE = 0.1  # C of the step-size law (BlackJAX's laps default)
@@ -57,7 +58,7 @@ class ColdStats(NamedTuple):
     step_size: Array
     moments: CrossMoments
     energy_variance: Array  # Var(dE) / d of the last step
-    logdensity: Array  # (chains,): each chain's log density at its end
+    logdensity: Array  # (chains,): each chain's log density at its end (-inf: its steps mostly failed)
     nans: Array  # steps undone (not finite), all chains
     grad_evals: Array  # gradients of all chains, the block's start included
 
@@ -100,14 +101,16 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
         logdensity, grad = jax.vmap(jax.value_and_grad(logdensity_fn))(positions)
         start = cross_moments(positions, grad)
         wide = jnp.where(-start.m_xg / jnp.maximum(start.count - 1, 1) >= 1.0, 1.0, -1.0)
-        velocity = _unit(jnp.where(jnp.isfinite(grad), wide * scale * grad, 0.0)
-                         + jnp.finfo(dtype).tiny)  # a zero gradient: any direction
-        chain = _Chain(positions, velocity, logdensity, grad)
+        direction = jnp.where(jnp.isfinite(grad), wide * scale * grad, 0.0)
+        size = jnp.sqrt(jnp.sum(direction**2, axis=1, keepdims=True))
+        anywhere = jax.vmap(lambda k: transition_noise(jax.random.fold_in(k, START_NOISE), positions[0])[0])(keys)
+        velocity = jnp.where(size > 0, direction / jnp.where(size > 0, size, 1.0), _unit(anywhere))  # no gradient:
+        chain = _Chain(positions, velocity, logdensity, grad)  # a random direction
         eps0 = params.step_size.astype(dtype)
         dims = jnp.asarray(dim, dtype)
 
         def body(i, carry):
-            chain, eps, _, nans = carry
+            chain, eps, _, nans, fails = carry
             x = chain.position / scale
             length = alpha * jnp.sqrt(jnp.sum(jnp.var(x, axis=0)))
             new, d_energy = jax.vmap(lambda c: _step(logdensity_fn, c, eps, scale))(chain)
@@ -127,14 +130,18 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
             factor = jnp.clip((wanted / jnp.maximum(eevpd, jnp.finfo(dtype).tiny)) ** (1.0 / 6.0),
                               1.0 / MAX_FACTOR, MAX_FACTOR)
             failed = jnp.sum(1.0 - good)
+            factor = jnp.where(jnp.sum(good) < 2, 1.0, factor)  # one chain has no energy-error variance
             factor = jnp.where((failed > 0) | ~jnp.isfinite(factor), 0.5, factor)
-            return new, eps * factor, eevpd, nans + failed.astype(jnp.int32)
+            return new, eps * factor, eevpd, nans + failed.astype(jnp.int32), fails + (~ok).astype(jnp.int32)
 
-        carry = (chain, eps0, jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
-        chain, eps, eevpd, nans = jax.lax.fori_loop(0, num_iterations, body, carry)
+        carry = (chain, eps0, jnp.zeros((), dtype), jnp.zeros((), jnp.int32), jnp.zeros((chains,), jnp.int32))
+        chain, eps, eevpd, nans, fails = jax.lax.fori_loop(0, num_iterations, body, carry)
         grads = (chains * (num_iterations + 1)).astype(jnp.int32)
-        stats = ColdStats(eps, cross_moments(chain.position, chain.logdensity_grad), eevpd, chain.logdensity, nans,
-                          grads)
+        # a chain whose steps mostly failed (a gradient that is not finite where it sits) reports no log density:
+        # the driver reseats it (dhmc.distributed.warmup.reseat_strays)
+        stuck = 2 * fails > num_iterations
+        stats = ColdStats(eps, cross_moments(chain.position, chain.logdensity_grad), eevpd,
+                          jnp.where(stuck, -jnp.inf, chain.logdensity), nans, grads)
         return chain.position, stats
 
     return run

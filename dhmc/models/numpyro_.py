@@ -89,6 +89,9 @@ class NumPyroTarget:
         flat, unravel = ravel_pytree(template)
         if isinstance(self.init, dict):
             unknown = sorted(set(self.init) - set(template))
+            if unknown and f"{unknown[0]}_decentered" in template:
+                raise ValueError(f"init names {unknown[0]!r}, which noncentered=True samples as "
+                                 f"{unknown[0]}_decentered (standard normal): give that, or leave {unknown[0]!r} out")
             if unknown:
                 raise ValueError(f"init names {unknown[0]!r}, which is not a latent site of the model; its latent "
                                  f"sites are {', '.join(sorted(template))}")
@@ -170,10 +173,20 @@ def noncentred_sites(model, args=(), kwargs=None) -> list[str]:
     latent = {n for n, s in trace.items() if s["type"] == "sample" and not s.get("is_observed")}
 
     def loc_scale(fn) -> bool:
-        while hasattr(fn, "base_dist"):  # ExpandedDistribution, Independent
+        """What ``LocScaleReparam(0)`` rebuilds as ``type(fn)(loc=..., scale=...)``: a real location-scale family
+        with no other required parameter (not StudentT's ``df``), under ``expand``/``to_event`` only."""
+        import inspect
+
+        from numpyro.distributions import ExpandedDistribution, Independent
+
+        while isinstance(fn, ExpandedDistribution | Independent):
             fn = fn.base_dist
         support = fn.support.base_constraint if isinstance(fn.support, constraints.independent) else fn.support
-        return hasattr(fn, "loc") and hasattr(fn, "scale") and support is constraints.real
+        if not (hasattr(fn, "loc") and hasattr(fn, "scale") and support is constraints.real):
+            return False
+        required = {n for n, p in inspect.signature(type(fn)).parameters.items()
+                    if p.default is inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD}
+        return required <= {"loc", "scale"}
 
     return [n for n in trace if n in latent and loc_scale(trace[n]["fn"])
             and (set(depends.get(n, {})) & latent) - {n}]

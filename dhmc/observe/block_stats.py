@@ -88,7 +88,7 @@ class BlockStats:
             self.chain_draws += n
             self.grad_evals += int(grad_evals)
             self.blocks_done += 1
-            if phase == "warmup":
+            if phase in ("cold", "warmup"):  # a cold block's undone steps count as warmup's
                 self.warmup_divergences += int(divergences)
             else:
                 self.divergences += int(divergences)

@@ -78,3 +78,16 @@ def test_a_cold_block_is_deterministic_and_its_steps_stay_finite():
     assert float(stats.step_size) < 1e30
     again, _ = _cold(x0, 30, step=1e30)
     np.testing.assert_array_equal(np.asarray(end), np.asarray(again))
+
+
+def test_a_block_of_one_chain_keeps_its_step_and_a_chain_without_gradient_still_moves():
+    """One chain has no energy-error variance: its step must not grow 3x a gradient (it reached 3.5e8 in 20).
+    Chains at the mode (gradient 0) start in a random direction instead of not at all."""
+    end, stats = _cold(np.float32(MEAN[None] + 0.1 * SDS), 20)
+    assert float(stats.step_size) <= 0.1 and np.all(np.isfinite(np.asarray(end)))
+    at_mode = np.float32(np.repeat(MEAN[None], 8, axis=0))
+    run = jax.jit(cold_chunk(_gaussian))
+    keys = chain_keys(0, jnp.arange(8, dtype=jnp.uint32))
+    params = ColdParams(jnp.float32(0.1), jnp.asarray(SDS**2, jnp.float32))
+    moved, stats = run(keys, jnp.asarray(at_mode), params, jnp.int32(0), jnp.int32(5))
+    assert int(stats.nans) == 0 and not np.allclose(np.asarray(moved), at_mode)

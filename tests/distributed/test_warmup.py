@@ -147,8 +147,9 @@ def test_paired_drift_sees_a_slow_one_way_drift_that_the_moments_do_not():
     assert warmup.paired_drift(start, still - 0.02) > warmup.critical_z(2)  # 2% of an sd, all one way
 
 
-def test_one_dimension_has_no_cold_phase():
-    """Isokinetic dynamics need a velocity on a sphere of two dimensions or more."""
+def test_one_dimension_or_a_handful_of_chains_has_no_cold_phase():
+    """Isokinetic dynamics need a velocity on a sphere of two dimensions or more; the metric and step an ensemble."""
+    assert not warmup.cold_applies(1024, 1) and not warmup.cold_applies(4, 10) and warmup.cold_applies(8, 2)
     params = {"step_size": np.asarray(-1.0), "inverse_mass_matrix": np.ones(1), "trajectory_length": np.asarray(-1.0)}
     policy = warmup.Policy(warmup.auto_rounds(100), params, auto=True, adapt=True, dense=None, cold=True, chains=64,
                            dim=1, dtype=np.float32)

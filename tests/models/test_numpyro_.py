@@ -48,3 +48,20 @@ def test_noncentered_needs_a_numpyro_model_and_says_so_before_any_work():
     with pytest.raises(ValueError, match=r"noncentered=True needs a NumPyro model; .* is a log density"):
         dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, noncentered=True,
                     cluster="tcp://127.0.0.1:1")  # never reached
+
+
+def test_sites_loc_scale_reparam_cannot_rebuild_stay_centred():
+    """StudentT needs its df (LocScaleReparam rebuilds type(fn)(loc, scale)); a masked site is not unwrapped."""
+
+    def model():
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.sample("a", dist.StudentT(3.0, mu, 1.0))
+        numpyro.sample("b", dist.Normal(mu, 1.0).mask(False))
+        numpyro.sample("c", dist.Normal(mu, 1.0).expand([3]).to_event(1))
+
+    assert noncentred_sites(model) == ["c"]
+
+
+def test_an_init_naming_a_non_centred_site_says_what_to_give_instead():
+    with pytest.raises(ValueError, match=r"init names 'theta', which noncentered=True samples as theta_decentered"):
+        NumPyroTarget(centred, (SIGMA, Y), noncentered=True, init={"theta": np.zeros(8)}).build()
