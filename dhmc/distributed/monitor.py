@@ -5,7 +5,8 @@ After every complete wave of segments (all chunks have finished segment ``s``) w
 power of :data:`GROWTH` (:data:`FIXED_GROWTH` for fixed draws), the driver looks at the first
 :func:`head_chains` chains of every chunk, over all draws so far, and measures every scalar
 parameter's bulk and tail ESS (ArviZ's, computed by :mod:`dhmc.stats`; scaled from the chains looked
-at to the whole ensemble), split R-hat and nested R-hat (superchains: the chunks, at most 16 groups of them). Observers are told
+at to the whole ensemble), split R-hat and nested R-hat (superchains: the chunks, at most 16 groups of
+them). Observers are told
 each measurement (``convergence_check``). With ``draws="auto"`` the run stops at the first measured
 wave where every ESS reaches ``target_ess`` and the largest nested R-hat is below :data:`RHAT_MAX`; a
 fixed-draws run's last measurement is its end-of-run check. The decisions depend only on the draws,

@@ -202,6 +202,22 @@ def critical_z(dim: int) -> float:
     return NormalDist().inv_cdf(1.0 - FALSE_ALARM / (4.0 * dim))
 
 
+def _largest(z: np.ndarray) -> float:
+    """The largest |z| over the coordinates, a z that is not finite counting as infinite."""
+    return float(np.nanmax(np.where(np.isfinite(z), z, np.inf)))
+
+
+def moment_drift(mean, var, old_mean, old_var, chains: int) -> tuple[float, float]:
+    """Largest |z| over the coordinates of the change in mean and in log variance between two ensembles (one
+    independent draw per chain each, at most :data:`DRIFT_CHAINS`: conservative for chains that move little in
+    between)."""
+    n = min(chains, DRIFT_CHAINS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z_mean = np.abs(mean - old_mean) / np.sqrt((var + old_var) / n)
+        z_var = np.abs(np.log(var / old_var)) / math.sqrt(4.0 / n)
+    return _largest(z_mean), _largest(z_var)
+
+
 def paired_drift(start: np.ndarray, end: np.ndarray) -> float:
     """Largest |z| over the coordinates of the chains' mean change, over a round, of ``x`` and of ``(x - m)^2``.
 
@@ -219,7 +235,7 @@ def paired_drift(start: np.ndarray, end: np.ndarray) -> float:
         with np.errstate(divide="ignore", invalid="ignore"):
             z = np.abs(change.mean(axis=0)) / (sd / math.sqrt(min(n, DRIFT_CHAINS)))
         z = np.where(sd > 0, z, 0.0)  # no chain moved that coordinate: the displacement test speaks
-        worst = max(worst, float(np.nanmax(np.where(np.isfinite(z), z, np.inf))))
+        worst = max(worst, _largest(z))
     return worst
 
 
@@ -245,13 +261,8 @@ def converged(current: Round, previous: Round | None, start: np.ndarray, end: np
     if previous is None:
         return Check(False, math.inf, math.inf, critical, displacement, math.inf, length_change, divergence_rate,
                      paired_drift(start, end))
-    old = variances(previous.moments)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        n = min(chains, DRIFT_CHAINS)
-        z_mean = np.abs(current.moments.mean - previous.moments.mean) / np.sqrt((var + old) / n)
-        z_var = np.abs(np.log(var / old)) / math.sqrt(4.0 / n)
-    drift_mean = float(np.nanmax(np.where(np.isfinite(z_mean), z_mean, np.inf)))
-    drift_variance = float(np.nanmax(np.where(np.isfinite(z_var), z_var, np.inf)))
+    drift_mean, drift_variance = moment_drift(current.moments.mean, var, previous.moments.mean,
+                                              variances(previous.moments), chains)
     step_change = abs(math.log(current.step_size / previous.step_size)) if adapt else 0.0
     max_step_change = MAX_STEP_CHANGE * (iterations or AUTO_ROUND) / AUTO_ROUND
     paired = paired_drift(start, end)
@@ -294,15 +305,9 @@ def cold_metric(moments: fisher.CrossMoments) -> np.ndarray:
 
 
 def drift(current: fisher.CrossMoments, previous: fisher.CrossMoments, chains: int) -> tuple[float, float]:
-    """Largest |z| over the coordinates of the change in mean and in log variance between two ensembles
-    (one independent draw per chain each: conservative for chains that move little in between)."""
-    var, old = fisher.variances(current, xp=np)[0], fisher.variances(previous, xp=np)[0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        n = min(chains, DRIFT_CHAINS)
-        z_mean = np.abs(current.mean_x - previous.mean_x) / np.sqrt((var + old) / n)
-        z_var = np.abs(np.log(var / old)) / math.sqrt(4.0 / n)
-    worst = lambda z: float(np.nanmax(np.where(np.isfinite(z), z, np.inf)))
-    return worst(z_mean), worst(z_var)
+    """:func:`moment_drift` between two cold ensembles' positions."""
+    return moment_drift(current.mean_x, fisher.variances(current, xp=np)[0], previous.mean_x,
+                        fisher.variances(previous, xp=np)[0], chains)
 
 
 def reseat_strays(positions: np.ndarray, logdensity: np.ndarray) -> tuple[np.ndarray, int]:
@@ -526,4 +531,4 @@ def adjusted_iterations(history: list[dict]) -> int:
 __all__ = ["AUTO_ROUND", "MIN_ROUNDS", "DEFAULT_MAX_WARMUP", "COLD_ROUND", "MAX_COLD", "Round", "ColdRound", "Check",
            "Step", "Policy", "fixed_rounds", "auto_rounds", "merge", "merge_cold", "cold_metric", "drift",
            "inverse_mass_matrix", "carry_length", "converged", "describe", "adjusted_iterations", "wants_dense",
-           "paired_drift", "reseat_strays", "cold_applies"]
+           "paired_drift", "moment_drift", "reseat_strays", "cold_applies"]
