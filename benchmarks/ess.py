@@ -27,7 +27,10 @@ log density for every sampler, NumPyro through ``potential_fn``), ``gauss100`` (
 log-spaced from 1e-2 to 1: covariance condition number 1e4), ``funnel`` (Neal's funnel, non-centred: v ~ N(0,
 3), z_i ~ N(0, 1) for 9 coordinates, d = 10; x_i = exp(v/2) z_i reported apart), and, on request only,
 ``gauss100_rot`` (the same spectrum in a random rotation) and ``eight_schools`` (dhmc's built-in model, the
-script's original default; no reference moments).
+script's original default; no reference moments), the LAPS targets (``benchmarks.laps_targets``) and dhmc's
+documented route for a centred hierarchy (``eight_schools-eight_schools_centered:noncentered``,
+``brownian:noncentered``: dhmc samples the NumPyro model with ``noncentered=True``; the peers run the log density as
+written, the centred one, on the same row).
 
 Per row: seconds of the whole call (compile, warmup, sampling; for dhmc also its cluster start) and of the
 sampling phase (its compile included); gradient evaluations (warmup + sampling: leapfrog steps, NUTS's
@@ -67,7 +70,9 @@ REFERENCE = ("eight_schools-eight_schools_noncentered", "eight_schools-eight_sch
 SYNTHETIC = ("gauss100", "funnel")
 NONCENTERED = "eight_schools-eight_schools_centered:noncentered"  # the centred NumPyro model, dhmc's noncentered=True
 LAPS = ("icg100", "brownian", "irt")  # LAPS's own targets (benchmarks.laps_targets), references kept in the repo
-ON_REQUEST = ("gauss100_rot", "eight_schools", NONCENTERED) + LAPS
+BROWNIAN_NONCENTERED = "brownian:noncentered"  # its NumPyro model, dhmc's noncentered=True
+ROUTES = (NONCENTERED, BROWNIAN_NONCENTERED)  # dhmc's documented route for a centred hierarchy
+ON_REQUEST = ("gauss100_rot", "eight_schools") + ROUTES + LAPS
 ALL_PROBLEMS = REFERENCE + SYNTHETIC
 DHMC_KERNELS = {"dhmc": "chees", "dhmc-mams": "mams"}
 
@@ -84,8 +89,8 @@ def resolve_problem(name: str) -> str:
 
 def label(name: str) -> str:
     """Short name for tables: ``eight_schools_noncentered``, ``kidiq``, ``arK``, ``gauss100`` ..."""
-    if name == NONCENTERED:
-        return "eight_schools_centered, noncentered=True"
+    if name in ROUTES:
+        return f"{label(name.split(':')[0])}{'_centered' if name == NONCENTERED else ''}, noncentered=True"
     if name.startswith("eight_schools-"):
         return name.split("-", 1)[1]
     return name.split("-", 1)[0]
@@ -163,7 +168,7 @@ class Problem:
         self.moments, self.required, self.post = None, None, None
         self.expect_unbiased = True
         self.numpyro_model, self.numpyro_args = None, ()
-        self.noncentered = name == NONCENTERED  # dhmc samples the NumPyro model with noncentered=True
+        self.noncentered = name in ROUTES  # dhmc samples the NumPyro model with noncentered=True
         self.init_radius = 0.5  # dhmc's jitter of a log-density init
         self.x64, self.dense_mass = False, False
         self.x2_moments = None  # {quantity: (E[x^2], Var[x^2])} where the Gaussian formula does not hold
@@ -184,11 +189,13 @@ class Problem:
             self.init = {"x": np.zeros(100)}
             marginal = sds if rot is None else np.sqrt((rot**2) @ sds**2)
             self.moments = {f"x[{i}]": (0.0, float(s), 0.0) for i, s in enumerate(marginal)}
-        elif name in LAPS:
+        elif name.split(":")[0] in LAPS:
             from benchmarks import laps_targets
 
-            self.logdensity, self.init = laps_targets.target(name)
-            ref = laps_targets.reference(name)
+            self.logdensity, self.init = laps_targets.target(name.split(":")[0])
+            if self.noncentered:
+                self.numpyro_model = laps_targets.brownian_model
+            ref = laps_targets.reference(name.split(":")[0])
             self.moments = {k: (m, s, se) for k, (m, s, se, _, _) in ref.items()}
             self.x2_moments = {k: (e2, v2) for k, (_, _, _, e2, v2) in ref.items()}
         elif name == "funnel":
@@ -209,10 +216,13 @@ class Problem:
         self.dhmc_target = self.logdensity
         self.dhmc_kwargs = {"init": self.init}  # dhmc's defaults: dense_mass=None (its warmup chooses the metric)
 
-    def quantities(self, position: dict) -> dict:
-        """``{name: (chain, draw)}`` whose minimum ESS is the score and whose moments are checked."""
+    def quantities(self, position: dict, numpyro: bool = False) -> dict:
+        """``{name: (chain, draw)}`` whose minimum ESS is the score and whose moments are checked; ``numpyro``:
+        ``position`` holds the NumPyro model's sites (a route's)."""
         import numpy as np
 
+        if numpyro and self.post is not None:
+            return _scalars(self.post.numpyro_to_reference(position))
         if self.name == "eight_schools":
             p = {k: np.asarray(v, np.float64) for k, v in position.items()}
             if "tau" not in p:
@@ -277,9 +287,9 @@ def check(q: dict, name: str, moments, required) -> dict:
     }
 
 
-def score(problem: Problem, position: dict) -> dict:
+def score(problem: Problem, position: dict, numpyro: bool = False) -> dict:
     """Min bulk/tail ESS over the reference quantities, and the moments against the reference."""
-    q = problem.quantities(position)
+    q = problem.quantities(position, numpyro)
     bulk, tail = ess_table(q, "bulk"), ess_table(q, "tail")
     worst, worst_tail = min(bulk, key=bulk.get), min(tail, key=tail.get)
     out = {"min_ess_bulk": bulk[worst], "min_ess_param": worst, "min_ess_tail": tail[worst_tail],
@@ -327,8 +337,12 @@ def _child(cfg: dict, out: dict) -> dict:
         t = time.perf_counter()
         warmup = cfg.get("dhmc_warmup", "auto")
         warmup = warmup if warmup == "auto" else int(warmup)
-        tree = dhmc.sample(problem.dhmc_target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
-                           seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **problem.dhmc_kwargs)
+        target, kwargs = problem.dhmc_target, problem.dhmc_kwargs
+        if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
+            target = problem.post.numpyro_model if problem.post is not None else problem.numpyro_model
+            kwargs = {"noncentered": True}
+        tree = dhmc.sample(target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
+                           seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **kwargs)
         post = {k: v.values for k, v in tree["posterior"].data_vars.items()}
         out["total_s"] = time.perf_counter() - t
         timing = json.loads(tree["posterior"].attrs["dhmc_timing"])
@@ -347,7 +361,7 @@ def _child(cfg: dict, out: dict) -> dict:
         # (dhmc's initial step-size search is not in it: a few gradients per chain)
         out["warmup_grads"] = int(sum(int(r.get("grad_evals", 0)) for r in history))
         out["sampling_grads"] = int(stats["n_steps"].values.sum(dtype="int64"))
-        if problem.name != "eight_schools":
+        if problem.name != "eight_schools" and not problem.noncentered:
             post = {k: v for k, v in post.items() if k in problem.init}
     elif sampler == "numpyro":
         post = _numpyro(problem, cfg, out)
@@ -359,7 +373,7 @@ def _child(cfg: dict, out: dict) -> dict:
         raise ValueError(f"unknown sampler {sampler!r}")
     out["draws_total"] = out["chains"] * cfg["draws"]
     out["total_grads"] = out["warmup_grads"] + out["sampling_grads"]
-    out.update(score(problem, {k: np.asarray(v) for k, v in post.items()}))
+    out.update(score(problem, {k: np.asarray(v) for k, v in post.items()}, problem.noncentered and sampler in DHMC_KERNELS))
     out["min_ess_per_s"] = out["min_ess_bulk"] / out["total_s"]
     if out.get("sampling_s"):
         out["min_ess_per_s_sampling"] = out["min_ess_bulk"] / out["sampling_s"]
@@ -642,8 +656,7 @@ def main(argv=None) -> int:
     if args.all and args.out == str(RESULTS / "ess.json"):
         args.out = str(RESULTS / "ess_all.json")
     problems = [resolve_problem(p) for p in (args.problems or (ALL_PROBLEMS if args.all else ["eight_schools"]))]
-    if NONCENTERED in problems:  # its route is dhmc's NumPyro path, which many_chains.py runs
-        ap.error(f"{NONCENTERED} is measured by benchmarks.many_chains only")
+
     samplers = args.samplers or list(ALL_SAMPLERS if args.all else DEFAULT_SAMPLERS)
     unknown = [s for s in samplers if s not in ALL_SAMPLERS]
     if unknown:

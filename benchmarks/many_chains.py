@@ -72,9 +72,9 @@ from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, run_chi
 from benchmarks.machine import cores, have_dask_cuda, machine
 
 SAMPLERS = ("dhmc", "numpyro", "chees", "meads", "laps")
-PROBLEMS = ess.REFERENCE + ("gauss100_rot", "funnel", ess.NONCENTERED, "icg100", "brownian")  # irt: on request,
-# once its reference is made (python -m benchmarks.laps_targets irt)
-ROUTE_SAMPLERS = {ess.NONCENTERED: ("dhmc",)}  # dhmc's documented route; the peers' is the non-centred row
+PROBLEMS = ess.REFERENCE + ("gauss100_rot", "funnel", ess.NONCENTERED, "icg100", "brownian", ess.BROWNIAN_NONCENTERED)
+# irt: on request, once its reference is made (python -m benchmarks.laps_targets irt)
+ROUTE_SAMPLERS = {route: ("dhmc",) for route in ess.ROUTES}  # dhmc's documented route; the peers run the log density
 RHAT_MAX = 1.01
 GRID_START, GRID_RATIO = 8, 1.25
 
@@ -85,7 +85,7 @@ GRID_START, GRID_RATIO = 8, 1.25
 def quantities(problem: ess.Problem, position: dict, numpyro: bool = False) -> dict:
     """``{name: (chain, draw)}`` float64: Stan's parameters and the derived ones (posteriordb), or x / v, z;
     ``numpyro``: ``position`` holds the NumPyro model's sites."""
-    if numpyro:
+    if numpyro and problem.post is not None:
         return ess._scalars(problem.post.numpyro_to_reference(position, derived=True))
     if problem.post is not None:
         return ess._scalars(problem.post.to_reference(position, derived=True))
@@ -324,7 +324,7 @@ def _dhmc(problem, cfg, out) -> dict:
             out["cluster_kind"] = "LocalCluster(1 worker)"
     if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
         kwargs.pop("init")
-        target = problem.post.numpyro_model
+        target = problem.post.numpyro_model if problem.post is not None else problem.numpyro_model
         kwargs["noncentered"] = True
     else:
         target = problem.logdensity

@@ -29,7 +29,7 @@ def measure(cluster: str, chains: int, dim: int, seed: int) -> dict:
     import jax.numpy as jnp
 
     import dhmc
-    from dhmc.distributed import warmup
+    from dhmc.distributed import cold_rounds
 
     options = {}
     if cluster == "slurm":
@@ -56,7 +56,7 @@ def measure(cluster: str, chains: int, dim: int, seed: int) -> dict:
                       "median_block_s": statistics.median(r["block_seconds_max"] for r in mine),
                       "median_sync_s": statistics.median(sync), "max_sync_s": max(sync)}
     if "cold" in out:
-        out["cold"]["sync_s_per_gradient"] = out["cold"]["median_sync_s"] / (warmup.COLD_ROUND + 1)
+        out["cold"]["sync_s_per_gradient"] = out["cold"]["median_sync_s"] / (cold_rounds.COLD_ROUND + 1)
     return out
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
+from dhmc.distributed.cold_rounds import cold_applies
 from dhmc.distributed.continuation import continued_run
 from dhmc.distributed.driver import RunContext, drive
 from dhmc.distributed.observers import Observer
@@ -25,7 +26,6 @@ from dhmc.distributed.spec import (
     run_attrs,
 )
 from dhmc.distributed.startup import Startup, pickle_target
-from dhmc.distributed.warmup import cold_applies
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
 

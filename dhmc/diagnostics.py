@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dhmc.distributed.warmup import adjusted_iterations, describe
+from dhmc.distributed.stopping import describe
+from dhmc.distributed.warmup import adjusted_iterations
 from dhmc.stats import nested_rhat
 
 __all__ = ["nested_rhat", "summary", "ebfmi", "divergences", "check"]

@@ -76,6 +76,23 @@ def test_a_capped_auto_warmup_warns_and_summary_flags_it(client2):
     assert any(f.startswith("warmup='auto' reached its cap (30 iterations)") and "displacement" in f for f in flags)
 
 
+def test_divergent_draws_warn_and_are_kept(client2):
+    """A leapfrog step 5 sds long diverges on every transition: the run returns its draws and says so, as Stan and
+    PyMC do; a stable step says nothing."""
+    import warnings
+
+    logdensity = lambda p: -0.5 * jnp.sum((p["x"] / 0.1) ** 2)
+    kw = dict(init={"x": jnp.zeros(2)}, chains=16, draws=20, warmup=0, adapt=False, kernel="hmc", num_steps=5,
+              seed=3, chains_per_task=8, progress=False, cluster=client2)
+    with pytest.warns(dhmc.ConvergenceWarning, match=r"^320 divergent transitions after warmup \(100% of draws\)"):
+        trace = dhmc.sample(logdensity, step_size=0.5, **kw)
+    assert int(trace["sample_stats"]["diverging"].values.sum()) == 320
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dhmc.ConvergenceWarning)
+        dhmc.sample(logdensity, step_size=0.02, **kw)
+    assert not [w for w in caught if "divergent" in str(w.message)]
+
+
 def test_numpyro_constrained_site_includes_log_jacobian(client2):
     """Precision of a zero-mean normal: Gamma(a, b) prior -> Gamma(a + n/2, b + sum y^2 / 2) posterior."""
     import numpyro

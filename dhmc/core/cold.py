@@ -138,7 +138,7 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
         chain, eps, eevpd, nans, fails = jax.lax.fori_loop(0, num_iterations, body, carry)
         grads = (chains * (num_iterations + 1)).astype(jnp.int32)
         # a chain whose steps mostly failed (a gradient that is not finite where it sits) reports no log density:
-        # the driver reseats it (dhmc.distributed.warmup.reseat_strays)
+        # the driver reseats it (dhmc.distributed.cold_rounds.reseat_strays)
         stuck = 2 * fails > num_iterations
         stats = ColdStats(eps, cross_moments(chain.position, chain.logdensity_grad), eevpd,
                           jnp.where(stuck, -jnp.inf, chain.logdensity), nans, grads)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from dhmc.distributed import warmup
+from dhmc.distributed import stopping, warmup
 from dhmc.distributed.monitor import RHAT_MAX, ConvergenceMonitor
 from dhmc.distributed.observers import Observers
 from dhmc.distributed.runner import Runner, initial_params
@@ -74,11 +74,11 @@ def drive(run: RunContext, startup: Startup):
         attrs = {**run.attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
         attrs.update(_finish_auto(run.spec, sink, monitor, kept) if monitor.auto else _final_check(run.spec, monitor))
         if root is None:
-            return sink.tree(attrs)
+            return _warn_divergences(sink.tree(attrs))
         from dhmc.storage import rewrite, zarr_
 
         rewrite.finish(root, attrs)
-        return zarr_.open_trace(run.store)
+        return _warn_divergences(zarr_.open_trace(run.store))
     finally:
         if runner is not None:
             runner.observers.tell("close")
@@ -168,7 +168,7 @@ def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dic
     last = history[-1].get("check", {}) if history else {}
     if history and not last.get("converged"):
         warnings.warn(f"warmup='auto' reached max_warmup={spec.max_warmup} before the ensemble converged (the "
-                      f"last round's {warmup.describe(last)}); the draws may still be biased: check R-hat, or "
+                      f"last round's {stopping.describe(last)}); the draws may still be biased: check R-hat, or "
                       "raise max_warmup", ConvergenceWarning, stacklevel=4)
     return _respec(run, runner, root, replace(spec, warmup=iterations, dense_mass=dense))
 
@@ -201,6 +201,19 @@ def _finish_auto(spec: RunSpec, sink, monitor: ConvergenceMonitor, kept: int) ->
                       stacklevel=4)
     extra = {"dhmc_auto": json.dumps(_without_params(last))} if last is not None else {}
     return {"dhmc_run_spec": json.dumps(asdict(spec)), **extra}
+
+
+def _warn_divergences(trace):
+    """``trace``, after a warning if any kept draw diverged (as Stan and PyMC warn: one is enough to doubt the
+    posterior; a correct many-chain run of a well-posed target has none)."""
+    diverging = trace["sample_stats"]["diverging"]
+    n = int(np.asarray(diverging.values).sum())
+    if n:
+        share = 100 * n / diverging.size
+        warnings.warn(f"{n} divergent transitions after warmup ({share:.3g}% of draws): the posterior may be biased "
+                      "where the chains diverged; reparameterise (a NumPyro model's hierarchy: noncentered=True) or "
+                      "raise target_accept", ConvergenceWarning, stacklevel=4)
+    return trace
 
 
 def _without_params(check: dict) -> dict:

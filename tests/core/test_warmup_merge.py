@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dhmc.core.adaptation.welford import welford
-from dhmc.distributed import warmup
+from dhmc.distributed import stopping, warmup
 
 
 def _block_stats(x: np.ndarray, dense: bool, step: float, length: float) -> dict:
@@ -37,7 +37,7 @@ def test_merged_moments_do_not_depend_on_the_chunking(dense, seed):
     np.testing.assert_allclose(merged.moments.m2, whole.moments.m2, rtol=1e-10)
     flat = x.reshape(-1, dim)
     expected = np.cov(flat.T, ddof=1) if dense else flat.var(axis=0, ddof=1)
-    np.testing.assert_allclose(warmup.variances(merged.moments), np.diag(np.atleast_2d(expected)) if dense
+    np.testing.assert_allclose(stopping.variances(merged.moments), np.diag(np.atleast_2d(expected)) if dense
                                else expected, rtol=1e-10)
     assert merged.step_size == pytest.approx(np.exp(np.average(np.log(steps), weights=weights)))
     assert merged.trajectory_length == pytest.approx(np.exp(np.average(np.log(lengths), weights=weights)))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dhmc.core.adaptation import fisher
-from dhmc.distributed import warmup
+from dhmc.distributed import cold_rounds, warmup
 
 DIM, CHAINS = 3, 512
 SDS = np.array([0.1, 1.0, 10.0])
@@ -74,8 +74,8 @@ def test_a_stationary_ensemble_leaves_the_cold_phase_after_three_rounds_of_steps
     steps = _run(policy, _draws)
     phases = [s.phase for s in steps]
     assert phases[:4] == ["cold"] * 4 and phases[4] == "warmup"
-    assert [s.iterations for s in steps[:4]] == [0] + [warmup.COLD_ROUND] * 3
-    assert steps[1].params["step_size"] == pytest.approx(warmup.COLD_START_STEP * math.sqrt(DIM))
+    assert [s.iterations for s in steps[:4]] == [0] + [cold_rounds.COLD_ROUND] * 3
+    assert steps[1].params["step_size"] == pytest.approx(cold_rounds.COLD_START_STEP * math.sqrt(DIM))
     np.testing.assert_allclose(steps[1].params["inverse_mass_matrix"], SDS**2, rtol=1e-5)  # exact: Gaussian
     first = steps[4].params
     assert float(first["step_size"]) < 0  # searched by the first adjusted block
@@ -89,7 +89,7 @@ def test_a_drifting_ensemble_stays_cold_until_the_cap():
     policy = _policy()
     steps = _run(policy, _draws, cold_shift=lambda r: 0.5 * r)  # the mean moves by half an sd a round
     cold = [s for s in steps if s.phase == "cold"]
-    assert sum(s.iterations + 1 for s in cold) >= warmup.MAX_COLD
+    assert sum(s.iterations + 1 for s in cold) >= cold_rounds.MAX_COLD
     assert steps[len(cold)].phase == "warmup"
 
 
@@ -100,13 +100,6 @@ def test_dense_mass_none_chooses_a_dense_metric_for_a_correlated_ensemble_only()
         assert policy.dense is dense
         metric = steps[-1].params["inverse_mass_matrix"]
         assert metric.shape == ((DIM, DIM) if dense else (DIM,))
-
-
-def test_wants_dense_needs_the_chains_to_estimate_it():
-    x = _draws(0, 0.99)
-    assert warmup.wants_dense(x)
-    assert not warmup.wants_dense(x[: 4 * DIM - 1])  # fewer than 4 chains a dimension
-    assert not warmup.wants_dense(x[:, :1])  # one dimension
 
 
 def test_an_integer_warmup_has_no_cold_phase_and_runs_its_rounds():
@@ -122,34 +115,8 @@ def test_adjusted_iterations_leave_the_cold_phase_out():
     assert warmup.adjusted_iterations(history) == 30
 
 
-def test_stray_chains_are_reseated_onto_the_next_chain_that_is_not():
-    """Two chains 400 nats below an ensemble whose log densities spread over an IQR of 2 (a Gaussian mixture's
-    local mode): moved onto their next neighbours in chain order; a chain merely in the tail is left alone."""
-    rng = np.random.default_rng(0)
-    lp = -2105 + rng.normal(size=1024) * 1.5
-    lp[[5, 1023]] = -2492.0
-    lp[7] = -2113.0
-    lp[6] = np.nan
-    x = np.arange(1024.0)[:, None] * np.ones((1, 3))
-    moved, n = warmup.reseat_strays(x, lp)
-    assert n == 3
-    np.testing.assert_array_equal(moved[[5, 6, 1023]], x[[7, 7, 0]])  # 6 is not finite: stray too
-    np.testing.assert_array_equal(np.delete(moved, [5, 6, 1023], 0), np.delete(x, [5, 6, 1023], 0))
-    same, none = warmup.reseat_strays(x, -2105 + rng.normal(size=1024) * 30)
-    assert none == 0 and same is x
-
-
-def test_paired_drift_sees_a_slow_one_way_drift_that_the_moments_do_not():
-    rng = np.random.default_rng(1)
-    start = rng.normal(size=(1024, 2))
-    still = start + 0.05 * rng.normal(size=start.shape)
-    assert warmup.paired_drift(start, still) < warmup.critical_z(2)
-    assert warmup.paired_drift(start, still - 0.02) > warmup.critical_z(2)  # 2% of an sd, all one way
-
-
 def test_one_dimension_or_a_handful_of_chains_has_no_cold_phase():
     """Isokinetic dynamics need a velocity on a sphere of two dimensions or more; the metric and step an ensemble."""
-    assert not warmup.cold_applies(1024, 1) and not warmup.cold_applies(4, 10) and warmup.cold_applies(8, 2)
     params = {"step_size": np.asarray(-1.0), "inverse_mass_matrix": np.ones(1), "trajectory_length": np.asarray(-1.0)}
     policy = warmup.Policy(warmup.auto_rounds(100), params, auto=True, adapt=True, dense=None, cold=True, chains=64,
                            dim=1, dtype=np.float32)

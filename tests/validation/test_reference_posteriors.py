@@ -51,9 +51,9 @@ def test_log_density_matches_reference(name, kernel, seed, client2):
     told = f"{report}\ndivergences: {divergent}; warnings: {warned}; warmup: {_warmup_summary(trace)}"
     if post.expect_unbiased:
         assert report.passed, told
-    elif not report.passed:  # never silently wrong: a wrong run must say so
-        assert divergent or warned, f"neither divergences nor a warning, yet:\n{told}"
-        assert divergent == 0 or any("divergent" in w for w in diagnostics.check(trace))
+    elif not report.passed:  # never silently wrong: a wrong run must say so (its divergences warn too)
+        assert warned, f"no warning, yet:\n{told}"
+        assert divergent == 0 or any("divergent" in w for w in warned)
 
 
 def _warmup_summary(trace) -> str:

@@ -1,0 +1,171 @@
+"""The cold phase of ``warmup="auto"`` on the driver (pure NumPy): merging its rounds, its metric, its stray
+chains, when it ends, and the metric the adjusted phase starts in.
+
+Cold rounds (:mod:`dhmc.core.cold`) run unadjusted isokinetic steps, one gradient an iteration, whose step size
+every block re-estimates after every gradient from its chains' energy errors against an equipartition bias
+budget. Round 0 runs no step: it measures the start's positions and gradients. After each round the driver
+merges every block's moments of positions and gradients in chain order and sets the next round's diagonal
+metric to ``sqrt(Var x / Var g)`` (exact for Gaussian coordinates whatever the ensemble's spread:
+:mod:`dhmc.core.adaptation.fisher`) and its step size to the blocks' (carried into the new metric so that no
+coordinate's step grows). The phase ends at the second round in a row of :data:`COLD_ROUND` gradients whose
+ensemble means and log variances agree with the previous round's and whose chains' own changes average to 0
+(:mod:`dhmc.distributed.stopping`), or after :data:`MAX_COLD` gradients. Between cold rounds, chains stuck far
+below the ensemble's log density (a local mode of negligible mass) are reseated onto others
+(:func:`reseat_strays`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dhmc.core.adaptation import fisher
+from dhmc.distributed.stopping import critical_z, moment_drift, paired_drift
+
+COLD_ROUND = 20  # gradients per cold round (the drivers' synchronisation: see docs/design.md)
+MAX_COLD = 400  # the cold phase's gradients at most; the adjusted phase converges what is left
+COLD_MIN_CHAINS = 8  # fewer chains: no cold phase (no ensemble to estimate its metric and step size from)
+COLD_START_STEP = 0.05  # the first cold step, times sqrt(d), in the start's gradient metric (LAPS: 0.01 sqrt(d))
+STRAY_IQRS = 10.0  # a cold chain whose log density is this many IQRs (and STRAY_NATS) below the median is stray
+STRAY_NATS = 10.0
+DENSE_CONDITION = 10.0  # dense_mass=None: a dense metric when the ensemble's correlation matrix is this ill-conditioned
+DENSE_CHAINS_PER_DIM = 4  # ... and the ensemble has this many chains per dimension to estimate it
+DENSE_MAX_DIM = 1000  # ... and the dimension is at most this (a dense step costs d^2)
+
+
+@dataclass(frozen=True)
+class ColdRound:
+    """A cold round's merged statistics: the blocks' step size and the ensemble's end positions and gradients."""
+
+    step_size: float  # the blocks' (geometric mean, by chains), whitened units
+    moments: fisher.CrossMoments  # float64, of every chain's end position and gradient
+    energy_variance: float  # the blocks' last Var(dE) / d (mean, by chains)
+    nans: int
+    grad_evals: int
+
+
+def merge_cold(stats: list[dict], weights: np.ndarray) -> ColdRound:
+    """Merge the cold blocks' ``ColdStats`` (as dicts) in chain order; ``weights``: chains per block."""
+    mean = lambda xs: float(np.dot(weights, xs) / weights.sum())
+    moments = None
+    for s in stats:
+        m = fisher.CrossMoments(**{k: np.asarray(v, np.float64) for k, v in s["moments"].items()})
+        moments = m if moments is None else fisher.merge(moments, m, xp=np)
+    steps = [float(s["step_size"]) for s in stats]
+    step = math.exp(mean(np.log(steps))) if min(steps) > 0 else -1.0  # round 0 takes no step
+    return ColdRound(step, moments,
+                     mean([float(s["energy_variance"]) for s in stats]), int(sum(int(s["nans"]) for s in stats)),
+                     int(sum(int(s["grad_evals"]) for s in stats)))
+
+
+def cold_metric(moments: fisher.CrossMoments) -> np.ndarray:
+    """The cold phase's diagonal metric: ``sqrt(Var x / Var g)``, each coordinate clipped to ``1e-12 .. 1e12``
+    (1 where the ensemble gives nothing finite)."""
+    var = np.asarray(fisher.fisher_variance(moments, xp=np), np.float64)
+    return np.where(np.isfinite(var) & (var > 0), np.clip(var, 1e-12, 1e12), 1.0)
+
+
+def drift(current: fisher.CrossMoments, previous: fisher.CrossMoments, chains: int) -> tuple[float, float]:
+    """:func:`moment_drift` between two cold ensembles' positions."""
+    return moment_drift(current.mean_x, fisher.variances(current, xp=np)[0], previous.mean_x,
+                        fisher.variances(previous, xp=np)[0], chains)
+
+
+def reseat_strays(positions: np.ndarray, logdensity: np.ndarray) -> tuple[np.ndarray, int]:
+    """The cold ensemble with its stray chains moved onto others; and how many moved.
+
+    A chain is stray when its log density is more than :data:`STRAY_IQRS` interquartile ranges plus
+    :data:`STRAY_NATS` below the ensemble's median, or not finite: far beyond the typical set's own spread (a
+    Gaussian's log density in ``d`` dimensions spreads over an IQR of about ``sqrt(d)``; its one-in-a-million
+    chain lies some 4 IQRs below the median), stuck in a local mode of negligible mass (two chains of a
+    Gaussian mixture sat 387 nats below the rest, with the ensemble's IQR at 2 nats: they made its variance
+    13 times the posterior's and held warmup for 5,000 gradients). Each stray chain takes the position of the
+    next chain (in chain order, cyclically) that is not stray: a deterministic function of the merged ensemble,
+    during the burn-in only, whose draws are never kept.
+    """
+    lp = np.asarray(logdensity, np.float64)
+    finite = np.isfinite(lp)
+    if not finite.any():
+        return positions, 0
+    q1, median, q3 = np.percentile(lp[finite], [25, 50, 75])
+    stray = ~finite | (lp < median - STRAY_IQRS * (q3 - q1) - STRAY_NATS)
+    if not stray.any() or stray.all():
+        return positions, 0
+    keep = np.flatnonzero(~stray)
+    take = keep[np.searchsorted(keep, np.flatnonzero(stray)) % len(keep)]
+    out = np.array(positions, copy=True)
+    out[stray] = out[take]
+    return out, int(stray.sum())
+
+
+def cold_applies(chains: int, dim: int) -> bool:
+    """Whether a run may start with a cold phase: isokinetic dynamics need two dimensions, and its metric and
+    step size an ensemble (:data:`COLD_MIN_CHAINS` chains)."""
+    return dim >= 2 and chains >= COLD_MIN_CHAINS
+
+
+def wants_dense(positions: np.ndarray) -> bool:
+    """Whether a dense metric pays for this ensemble: enough chains to estimate one (:data:`DENSE_CHAINS_PER_DIM`
+    per dimension), a dimension of at most :data:`DENSE_MAX_DIM`, and a correlation matrix whose condition
+    number is at least :data:`DENSE_CONDITION` (what a diagonal metric leaves for the trajectories to cover)."""
+    chains, dim = positions.shape
+    if dim < 2 or dim > DENSE_MAX_DIM or chains < DENSE_CHAINS_PER_DIM * dim:
+        return False
+    x = np.asarray(positions, np.float64)
+    sd = x.std(axis=0)
+    if not np.all(np.isfinite(sd) & (sd > 0)):
+        return False
+    eig = np.linalg.eigvalsh(np.corrcoef(x, rowvar=False))
+    return bool(eig[0] > 0 and eig[-1] / eig[0] >= DENSE_CONDITION)
+
+
+class ColdPhase:
+    """The cold phase's state across its rounds: :meth:`next` gives the next round's ``(first, iterations, params)``,
+    :meth:`update` takes its merged block statistics; :attr:`done` once it has ended."""
+
+    def __init__(self, chains: int, dim: int, dtype):
+        self.chains, self.dim, self.dtype = chains, dim, np.dtype(dtype)
+        self.params = {"step_size": np.asarray(-1.0, self.dtype), "inverse_mass_matrix": np.ones(dim, self.dtype)}
+        self.grads, self.first, self.previous, self.passes, self.done = 0, 0, None, 0, False
+
+    def next(self) -> tuple[int, int, dict]:
+        """The next round's first iteration, iterations (0: round 0, which measures the start) and parameters."""
+        return self.first, 0 if self.previous is None else COLD_ROUND, self.params
+
+    def update(self, index: int, iterations: int, params: dict, stats: list[dict], weights: np.ndarray,
+               start: np.ndarray, end: np.ndarray) -> tuple[dict, np.ndarray]:
+        """Take a finished round (run with ``params``); return its record and the positions the next round starts
+        from (``end``, its stray chains reseated)."""
+        current = merge_cold(stats, weights)
+        end, reseated = reseat_strays(end, np.concatenate([np.asarray(s["logdensity"]) for s in stats]))
+        self.grads += current.grad_evals // self.chains
+        self.first += iterations
+        metric = cold_metric(current.moments)
+        old = np.asarray(params["inverse_mass_matrix"], np.float64)
+        if iterations == 0 or not current.step_size > 0:  # the start (measured), or a step gone to 0
+            eps = COLD_START_STEP * math.sqrt(self.dim)
+        else:  # the blocks' step, carried so that no coordinate's step grows in the new metric
+            eps = current.step_size * float(np.min(np.sqrt(old / metric)))
+        record = {"phase": "cold", "round": index, "iterations": iterations, "step_size": eps,
+                  "equipartition": float(fisher.equipartition(current.moments, xp=np)),
+                  "energy_variance": current.energy_variance, "nans": current.nans, "reseated": reseated,
+                  "grad_evals": current.grad_evals}
+        passed = False
+        if iterations and self.previous is not None and self.previous[1]:
+            z_mean, z_var = drift(current.moments, self.previous[0], self.chains)
+            paired = paired_drift(start, end)
+            critical = critical_z(self.dim)
+            passed = z_mean < critical and z_var < critical and paired < critical and not reseated
+            record["check"] = {"drift_mean": round(z_mean, 4), "drift_variance": round(z_var, 4),
+                               "paired_drift": round(paired, 4), "critical": round(critical, 4), "passed": passed}
+        self.passes = self.passes + 1 if passed else 0
+        self.previous = (current.moments, iterations)
+        self.params = {"step_size": np.asarray(eps, self.dtype), "inverse_mass_matrix": metric.astype(self.dtype)}
+        self.done = self.passes >= 2 or self.grads >= MAX_COLD
+        return record, end
+
+
+__all__ = ["COLD_ROUND", "MAX_COLD", "ColdPhase", "ColdRound", "cold_applies", "cold_metric", "drift", "merge_cold",
+           "reseat_strays", "wants_dense"]

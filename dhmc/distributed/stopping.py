@@ -1,0 +1,145 @@
+"""When a warmup phase may end (pure NumPy): the tests that an ensemble has stopped drifting, mixes and has
+settled its parameters.
+
+An adjusted round passes :func:`converged` when it is
+
+* stationary: every coordinate's mean and log-variance agree with the previous round's within what
+  the ensemble's size allows (a two-sided test at 1% for the whole vector, Bonferroni), and the chains'
+  own changes over the round, of each coordinate and its square, average to 0 within their spread
+  (:func:`paired_drift`: the test that sees a slow, one-way drift);
+* mixing: every coordinate's chains moved, over the round, by at least ``MIN_DISPLACEMENT`` of the
+  squared distance between independent draws (``E (x_end - x_start)^2 >= 0.3 * 2 var``): an
+  ensemble whose chains barely move is stationary too, and must not pass;
+* adapted: the step size moved by less than 30% per :data:`STEP_CHANGE_ITERATIONS` iterations from the previous
+  round (17% for a round of 15) and the trajectory length by less than 40% within the round.
+
+The cold phase (:mod:`dhmc.distributed.cold_rounds`) uses the same drift tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_DISPLACEMENT = 0.3
+MAX_STEP_CHANGE = math.log(1.3)  # per STEP_CHANGE_ITERATIONS iterations
+STEP_CHANGE_ITERATIONS = 25
+MAX_LENGTH_CHANGE = math.log(1.4)
+FALSE_ALARM = 0.01  # chance that a stationary, mixing ensemble fails the moments' drift test in a round (the paired
+# test and the test against the round before the previous add their own, each at the same level)
+DRIFT_CHAINS = 1024  # the drift tests count at most this many chains: a drift below what 1024 chains resolve is
+# far below the Monte Carlo error of any target_ess a run asks for, and more chains must not cost more rounds
+
+
+def variances(moments) -> np.ndarray:
+    """Per-coordinate sample variances of Welford moments (a dense state's diagonal)."""
+    m2 = np.diagonal(moments.m2) if moments.m2.ndim == 2 else moments.m2
+    return m2 / max(float(moments.count) - 1, 1.0)
+
+
+@dataclass(frozen=True)
+class Check:
+    """Whether ``warmup="auto"`` may stop after a round, and the numbers behind it."""
+
+    converged: bool
+    drift_mean: float  # largest |z| of a coordinate's change in mean ...
+    drift_variance: float  # ... and in log variance, from the previous round
+    critical: float  # the |z| both must stay below
+    displacement: float  # smallest (over coordinates) E (x_end - x_start)^2 / (2 var) over the round
+    step_change: float  # |log| change of the step size from the previous round
+    length_change: float  # |log| change of the trajectory length within the round
+    divergence_rate: float = 0.0  # divergent transitions per chain and iteration of the round (reported)
+    paired_drift: float = 0.0  # largest |z| of the chains' mean change of x or (x - mean)^2 over the round
+
+    def as_dict(self) -> dict:
+        return {k: (v if isinstance(v, bool) else round(float(v), 4)) for k, v in self.__dict__.items()}
+
+
+def describe(check: dict) -> str:
+    """What a round's recorded check (:meth:`Check.as_dict`) measured, in words, for a warning."""
+    return (f"drift |z| {check['drift_mean']:.3g} (mean) and {check['drift_variance']:.3g} (variance) of at most "
+            f"{check['critical']:.3g}, displacement {check['displacement']:.3g} of at least {MIN_DISPLACEMENT}")
+
+
+def critical_z(dim: int) -> float:
+    """Two-sided normal quantile at :data:`FALSE_ALARM` shared by ``2 dim`` tests (Bonferroni)."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(1.0 - FALSE_ALARM / (4.0 * dim))
+
+
+def _largest(z: np.ndarray) -> float:
+    """The largest |z| over the coordinates, a z that is not finite counting as infinite."""
+    return float(np.nanmax(np.where(np.isfinite(z), z, np.inf)))
+
+
+def moment_drift(mean, var, old_mean, old_var, chains: int) -> tuple[float, float]:
+    """Largest |z| over the coordinates of the change in mean and in log variance between two ensembles (one
+    independent draw per chain each, at most :data:`DRIFT_CHAINS`: conservative for chains that move little in
+    between)."""
+    n = min(chains, DRIFT_CHAINS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z_mean = np.abs(mean - old_mean) / np.sqrt((var + old_var) / n)
+        z_var = np.abs(np.log(var / old_var)) / math.sqrt(4.0 / n)
+    return _largest(z_mean), _largest(z_var)
+
+
+def paired_drift(start: np.ndarray, end: np.ndarray) -> float:
+    """Largest |z| over the coordinates of the chains' mean change, over a round, of ``x`` and of ``(x - m)^2``.
+
+    Stationary chains change any function of their state by 0 on average, and the spread of the per-chain
+    changes measures the noise, however strongly each chain's end depends on its start: chains that move
+    little but all one way (a funnel's neck filling slowly, the step size shrinking round after round) give
+    a large z where comparing the rounds' moments, which counts the chains as independent draws, sees none.
+    """
+    start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
+    n = start.shape[0]
+    centre = 0.5 * (start.mean(axis=0) + end.mean(axis=0))
+    worst = 0.0
+    for change in (end - start, (end - centre) ** 2 - (start - centre) ** 2):
+        sd = change.std(axis=0, ddof=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.abs(change.mean(axis=0)) / (sd / math.sqrt(min(n, DRIFT_CHAINS)))
+        z = np.where(sd > 0, z, 0.0)  # no chain moved that coordinate: the displacement test speaks
+        worst = max(worst, _largest(z))
+    return worst
+
+
+def converged(current, previous, start: np.ndarray, end: np.ndarray, chains: int,
+              adapt: bool = True, iterations: int = 0) -> Check:
+    """Apply the rule of this module's docstring to the round ``current`` after ``previous`` (None: the first
+    round), both :class:`dhmc.distributed.warmup.Round`.
+
+    ``start`` and ``end`` are every chain's positions before and after ``current``. The drift test
+    counts one independent draw per chain and round, so it is conservative for chains that mix well
+    and fails (warmup goes on) for chains that mix slowly. Without ``adapt`` only the ensemble is
+    checked (a burn-in with fixed parameters). ``iterations``: those since ``previous`` (0:
+    :data:`STEP_CHANGE_ITERATIONS`), for the divergence rate, and the step size's change allowed
+    (:data:`MAX_STEP_CHANGE` per :data:`STEP_CHANGE_ITERATIONS` iterations: a step size that keeps shrinking by a
+    few percent a round has not settled).
+    """
+    dim = start.shape[1]
+    divergence_rate = current.divergences / (chains * iterations) if iterations else 0.0
+    critical = critical_z(dim)
+    var = variances(current.moments)
+    safe = np.where(var > 0, var, 1.0)
+    displacement = float(np.min(np.mean((np.asarray(end, float) - start) ** 2, axis=0) / (2 * safe)))
+    length_change = abs(math.log(current.trajectory_length / current.start_length)) \
+        if adapt and current.trajectory_length > 0 and current.start_length > 0 else 0.0
+    if previous is None:
+        return Check(False, math.inf, math.inf, critical, displacement, math.inf, length_change, divergence_rate,
+                     paired_drift(start, end))
+    drift_mean, drift_variance = moment_drift(current.moments.mean, var, previous.moments.mean,
+                                              variances(previous.moments), chains)
+    step_change = abs(math.log(current.step_size / previous.step_size)) if adapt else 0.0
+    max_step_change = MAX_STEP_CHANGE * (iterations or STEP_CHANGE_ITERATIONS) / STEP_CHANGE_ITERATIONS
+    paired = paired_drift(start, end)
+    ok = (drift_mean < critical and drift_variance < critical and displacement >= MIN_DISPLACEMENT
+          and step_change < max_step_change and length_change < MAX_LENGTH_CHANGE and paired < critical)
+    return Check(bool(ok), drift_mean, drift_variance, critical, displacement, step_change, length_change,
+                 divergence_rate, paired)
+
+
+__all__ = ["Check", "converged", "critical_z", "describe", "moment_drift", "paired_drift", "variances"]

@@ -1,0 +1,44 @@
+"""When a warmup phase may end (``dhmc.distributed.stopping``): the stop rule passes a mixing, stationary,
+settled ensemble and only that; the paired test sees the slow drift the moments miss."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dhmc.core.adaptation.welford import WelfordState, welford
+from dhmc.distributed import stopping, warmup
+
+
+def _round(samples: np.ndarray, step=0.5, length=2.0, start_length=2.0) -> warmup.Round:
+    wf = welford(False, xp=np)
+    moments = wf.update(wf.init(samples.shape[-1], np.float64), samples.reshape(-1, samples.shape[-1]))
+    return warmup.Round(step, length, WelfordState(*moments), 0.8, 0, 0, start_length)
+
+
+def test_the_stop_rule_passes_a_mixing_stationary_ensemble_and_only_that():
+    rng = np.random.default_rng(0)
+    chains, dim = 256, 5
+    draws = lambda: rng.normal(size=(chains, 12, dim))
+    start, end = rng.normal(size=(chains, dim)), rng.normal(size=(chains, dim))
+    previous, current = _round(draws()), _round(draws())
+    assert stopping.converged(current, previous, start, end, chains).converged
+    # the same moments, but chains that did not move: stationary and stuck
+    assert not stopping.converged(current, previous, start, start + 0.01, chains).converged
+    # still drifting: the means moved by 1 sd
+    assert not stopping.converged(_round(draws() + 1.0), previous, start, end, chains).converged
+    # still contracting: the variance halved
+    assert not stopping.converged(_round(draws() * 0.7), previous, start, end, chains).converged
+    # adaptation not settled: the step size halved, or the trajectory grew 2x within the round
+    assert not stopping.converged(_round(draws(), step=0.25), previous, start, end, chains).converged
+    assert not stopping.converged(_round(draws(), length=4.0), previous, start, end, chains).converged
+    assert not stopping.converged(current, None, start, end, chains).converged
+
+
+def test_paired_drift_sees_a_slow_one_way_drift_that_the_moments_do_not():
+    rng = np.random.default_rng(1)
+    start = rng.normal(size=(1024, 2))
+    still = start + 0.05 * rng.normal(size=start.shape)
+    assert stopping.paired_drift(start, still) < stopping.critical_z(2)
+    assert stopping.paired_drift(start, still - 0.02) > stopping.critical_z(2)  # 2% of an sd, all one way
+
+
