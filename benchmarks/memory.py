@@ -1,4 +1,5 @@
-"""Driver memory and the cost of streaming draws to Zarr: 2^16 chains x 1000 draws of a 2-parameter model.
+"""Driver memory and the cost of streaming draws to Zarr: 2^16 chains x 1000 draws of a 2-parameter model; and
+the driver's memory of a ``draws="auto"`` run without a store against ``max_draws`` and the dimension.
 
 Two fresh processes run the same fixed-step HMC (``gaussian_2d``, step 0.2, 5 leapfrog steps, no warmup)
 through ``dhmc.sample`` on its embedded cluster: one with ``store=`` (blocks are written to Zarr as they
@@ -8,6 +9,12 @@ sampled every 0.2 s). Goals: driver peak < 0.5 GiB with a store, whatever the si
 
     python -m benchmarks.memory                              # 65536 chains x 1000 draws
     python -m benchmarks.memory --chains 4096 --draws 200    # smaller
+    python -m benchmarks.memory --modes auto --chains 1024 --dims 501,4096 --max-draws 1000,10000
+
+``auto``: ``dhmc.sample`` of a ``d``-dimensional Gaussian (sds 1 to 10), ``draws="auto"``, ``target_ess=400``,
+each ``max_draws`` given, no store, defaults otherwise. The driver's arrays follow the draws taken (a run stops at
+10-20 draws a chain), so its peak should not move with ``max_draws``: before the in-memory result grew with the
+draws, a 501-D run of 1024 chains asked for 38 GiB (``max_draws=10000``, float64) before its first draw.
 """
 
 from __future__ import annotations
@@ -68,6 +75,8 @@ def child(cfg: dict) -> dict:
     watch.start()
     store = cfg.get("store")
     t = time.perf_counter()
+    if cfg["mode"] == "auto":
+        return _auto(cfg, base_rss, watch, t)
     tree = dhmc.sample("gaussian_2d", chains=cfg["chains"], draws=cfg["draws"], warmup=0, kernel="hmc",
                        step_size=cfg["step_size"], num_steps=cfg["num_steps"], adapt=False, seed=0,
                        progress=False, store=store, overwrite=True, chains_per_task=cfg.get("chains_per_task"))
@@ -86,6 +95,27 @@ def child(cfg: dict) -> dict:
     return out
 
 
+def _auto(cfg: dict, base_rss: int, watch: _WorkerWatch, t: float) -> dict:
+    import jax.numpy as jnp
+    import numpy as np
+
+    import dhmc
+
+    precision = jnp.asarray(1.0 / np.linspace(1.0, 10.0, cfg["dim"]) ** 2, jnp.float32)
+    tree = dhmc.sample(lambda p: -0.5 * jnp.sum(precision * p["x"] ** 2), init={"x": np.zeros(cfg["dim"], np.float32)},
+                       chains=cfg["chains"], draws="auto", target_ess=400, max_draws=cfg["max_draws"], seed=0,
+                       progress=False)
+    seconds = time.perf_counter() - t
+    watch.stop.set()
+    watch.join()
+    x = tree["posterior"]["x"]
+    return {**cfg, "seconds": seconds, "driver_peak_rss_gib": _peak_rss_bytes() / GIB,
+            "driver_rss_after_imports_gib": base_rss / GIB, "workers_peak_rss_gib": watch.peak / GIB,
+            "shape": list(x.shape), "dtype": str(x.dtype), "draws_kept_gib": x.nbytes / GIB,
+            "max_draws_gib": cfg["chains"] * cfg["max_draws"] * x.dtype.itemsize * cfg["dim"] / GIB,
+            "dhmc_timing": json.loads(tree["posterior"].attrs["dhmc_timing"])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chains", type=int, default=2**16)
@@ -93,7 +123,10 @@ def main(argv=None) -> int:
     ap.add_argument("--step-size", type=float, default=0.2)
     ap.add_argument("--num-steps", type=int, default=5)
     ap.add_argument("--chains-per-task", type=int, default=None)
-    ap.add_argument("--modes", default="store,memory", help="store: stream to Zarr; memory: no store")
+    ap.add_argument("--modes", default="store,memory", help="store: stream to Zarr; memory: no store; auto: "
+                    "draws='auto' without a store, over --dims x --max-draws")
+    ap.add_argument("--dims", default="501,4096", help="auto: the Gaussian's dimensions")
+    ap.add_argument("--max-draws", default="1000,10000", help="auto: the max_draws given")
     ap.add_argument("--dir", default=None, help="where the Zarr store goes (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the store")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -108,10 +141,17 @@ def main(argv=None) -> int:
     env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     rows = []
     try:
+        cfgs = []
         for mode in [m for m in args.modes.split(",") if m]:
-            cfg = {"mode": mode, "chains": args.chains, "draws": args.draws, "step_size": args.step_size,
-                   "num_steps": args.num_steps, "chains_per_task": args.chains_per_task,
-                   "store": str(folder / "memory.zarr") if mode == "store" else None}
+            if mode == "auto":
+                cfgs += [{"mode": mode, "chains": args.chains, "dim": int(d), "max_draws": int(m), "store": None}
+                         for d in args.dims.split(",") for m in args.max_draws.split(",")]
+                continue
+            cfgs.append({"mode": mode, "chains": args.chains, "draws": args.draws, "step_size": args.step_size,
+                         "num_steps": args.num_steps, "chains_per_task": args.chains_per_task,
+                         "store": str(folder / "memory.zarr") if mode == "store" else None})
+        for cfg in cfgs:
+            mode = cfg["mode"] if cfg["mode"] != "auto" else f"auto d={cfg['dim']} max_draws={cfg['max_draws']}"
             t = time.perf_counter()
             rec = run_child(__spec__.name, cfg, args.timeout, env)
             rec = {**cfg, **rec, "loadavg_after": os.getloadavg()[0]}
@@ -130,12 +170,21 @@ def main(argv=None) -> int:
     if "store" in by and "memory" in by:
         summary["slowdown_store_over_memory"] = by["store"]["seconds"] / by["memory"]["seconds"]
         summary["goal_slowdown_below_10_percent"] = summary["slowdown_store_over_memory"] < 1.10
+    auto = [r for r in rows if r["mode"] == "auto" and "error" not in r]
+    for dim in sorted({r["dim"] for r in auto}):
+        peaks = {r["max_draws"]: r["driver_peak_rss_gib"] for r in auto if r["dim"] == dim}
+        summary[f"auto_d{dim}_driver_peak_gib_by_max_draws"] = peaks
+        summary[f"auto_d{dim}_peak_ratio_largest_over_smallest_max_draws"] = peaks[max(peaks)] / peaks[min(peaks)]
     payload = {"benchmark": "memory", "machine": machine(), "summary": summary, "runs": rows,
                "notes": ["driver peak = ru_maxrss of the process calling dhmc.sample (imports included)",
                          "workers peak = max over time of the summed RSS of its descendant processes"]}
     path = write_json(args.out, payload)
     print(cpu_line())
-    print(table(rows, [("mode", "mode", ""), ("chains", "chains", "d"), ("draws", "draws", "d"),
+    for r in rows:
+        if r.get("shape"):
+            r["draws"] = r["shape"][1]
+    print(table(rows, [("mode", "mode", ""), ("chains", "chains", "d"), ("dim", "dim", "d"),
+                         ("max_draws", "max_draws", "d"), ("draws", "draws", "d"),
                          ("seconds", "seconds", ".1f"), ("chain_draws_per_s", "draws/s", ",.0f"),
                          ("driver_peak_rss_gib", "driver peak GiB", ".2f"),
                          ("workers_peak_rss_gib", "workers peak GiB", ".2f")]))

@@ -28,6 +28,7 @@ from dhmc.distributed.spec import (
 from dhmc.distributed.startup import Startup, pickle_target
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
+from dhmc.storage.sinks import check_fits
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -158,7 +159,7 @@ def sample(
     options = check_options(chains=chains, draws=draws, warmup=warmup, kernel=kernel, step_size=step_size,
                             num_steps=num_steps, trajectory_length=trajectory_length, adapt=adapt,
                             target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
-                            max_draws=max_draws, thinning=thinning, prior=prior, max_warmup=max_warmup)
+                            max_draws=max_draws, thinning=thinning, prior=prior, max_warmup=max_warmup, seed=seed)
     resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
     resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"], noncentered)
     pickled = pickle_target(resolved)  # as the user gave it: nothing has traced it yet
@@ -177,6 +178,8 @@ def sample(
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),
                    predictive=bool(predictive), save_warmup=bool(save_warmup), noncentered=bool(noncentered),
                    **options)
+    check_fits(layout, geometry, model.dim * np.dtype(model.dtype).itemsize, in_memory=store is None,
+               grow=options["target_ess"] is not None)
     if store is not None:
         from dhmc.storage import zarr_
 

@@ -181,3 +181,34 @@ def test_tls_cluster(tmp_path):
         assert c.scheduler.address.startswith("tls://")
         trace = dhmc.sample("gaussian_2d", chains=32, draws=100, warmup=100, cluster=c, progress=False)
     assert trace["posterior"]["x"].shape == (32, 100, 2)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(seed=-1), r"^seed must be a non-negative integer, got -1$"),
+    (dict(seed=2**40), r"^seed must be below 2\*\*32 \(it seeds 32-bit random streams\), got 1099511627776$"),
+    (dict(step_size=float("inf")), r"^step_size must be a positive finite number, got inf$"),
+    (dict(trajectory_length=-1.0), r"^trajectory_length must be a positive finite number, got -1.0$"),
+    (dict(num_steps=2.5, step_size=0.1), r"^num_steps must be a positive integer, got 2.5$"),
+    (dict(init=None), r"<lambda> takes one argument and no init= was given: a log density needs init= "),
+    (dict(chains=10**10), r"^10000000000 chains' positions would take .* GiB in the driver, more than the .* GiB "
+                          r"free: take fewer chains$"),
+    (dict(store="memory://run.zarr"), r"^store='memory://run.zarr' would live in this process's memory, which the "
+                                      r"workers cannot write"),
+])
+def test_bad_input_is_one_line_before_any_cluster(options, message, monkeypatch):
+    from dhmc.distributed import startup
+
+    monkeypatch.setattr(startup.Startup, "__init__", lambda *a, **k: pytest.fail("a cluster was started"))
+    kw = dict(target=lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=8, draws=10,
+              progress=False) | options
+    with pytest.raises(ValueError, match=message) as e:
+        dhmc.sample(kw.pop("target"), **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_an_integer_log_density_is_refused_before_any_block():
+    """Its gradient is zero everywhere: the chains would random-walk (checked on one chain's position, while the
+    cluster starts)."""
+    with pytest.raises(ValueError, match=r"failed on one chain's position .*: ValueError: it returns int32, not a "
+                                         r"float: its gradient is zero everywhere"):
+        dhmc.sample(lambda p: jnp.sum(p["x"] > 0), init={"x": jnp.zeros(2)}, chains=8, draws=10, progress=False)

@@ -102,7 +102,7 @@ def _open_sink(run: RunContext, run_id: str):
 
     extra = _extra_groups(run) if not run.resume else {}
     if run.store is None:
-        return None, MemorySink(run.layout, run.spec.geometry, extra)
+        return None, MemorySink(run.layout, run.spec.geometry, extra, grow=run.spec.target_ess is not None)
     from dhmc.storage import zarr_
 
     if run.resume:

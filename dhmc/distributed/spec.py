@@ -94,7 +94,7 @@ DEFAULT_MAX_DRAWS = 10_000
 
 def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajectory_length, adapt,
                   target_accept, chains_per_task, target_ess=None, max_draws=None, thinning=1, prior=0,
-                  max_warmup=None) -> dict:
+                  max_warmup=None, seed=0) -> dict:
     """The sampler options, checked and completed (one-line ``ValueError`` naming the problem).
 
     ``draws="auto"`` becomes ``draws=max_draws`` with ``target_ess`` and ``max_draws`` set;
@@ -104,6 +104,9 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
     warmup, max_warmup = _check_warmup(warmup, max_warmup)
     check_integer(1, chains=chains)
     check_integer(1, thinning=thinning)
+    check_integer(0, seed=seed)
+    if seed >= 2**32:
+        raise ValueError(f"seed must be below 2**32 (it seeds 32-bit random streams), got {seed}")
     check_integer(0, prior=prior)
     if chains_per_task is not None:
         check_integer(1, chains_per_task=chains_per_task)
@@ -113,10 +116,11 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
         target_accept = 0.9 if kernel == "mams" else 0.8  # MAMS works best at a higher acceptance (Robnik et al. 2025)
     if not 0.0 < target_accept < 1.0:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
-    if step_size is not None and not step_size > 0:
-        raise ValueError(f"step_size must be positive, got {step_size}")
-    if num_steps is not None and num_steps < 1:
-        raise ValueError(f"num_steps must be at least 1, got {num_steps}")
+    for key, value in (("step_size", step_size), ("trajectory_length", trajectory_length)):
+        if value is not None and not (isinstance(value, int | float | np.number) and 0 < value < math.inf):
+            raise ValueError(f"{key} must be a positive finite number, got {value!r}")
+    if num_steps is not None:
+        check_integer(1, num_steps=num_steps)
     if kernel == "hmc" and num_steps is None and trajectory_length is None:
         num_steps = 10
     if warmup == 0 and adapt:

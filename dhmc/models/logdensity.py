@@ -31,24 +31,34 @@ class LogDensityTarget:
     def build(self) -> FlatModel:
         template = jax.tree.map(lambda a: jnp.asarray(a, dtype=jnp.result_type(float)), self.template)
         flat, unravel = ravel_pytree(template)
-        names = _names(template)
+        names = variable_names(template)
 
         def logdensity(x):
-            value = jnp.asarray(self.logdensity_fn(unravel(x)), flat.dtype)
+            value = jnp.asarray(self.logdensity_fn(unravel(x)))
             if value.shape != ():
                 raise ValueError(f"it must return a scalar, got an array of shape {value.shape}")
-            return value
+            if not jnp.issubdtype(value.dtype, jnp.floating):
+                raise ValueError(f"it returns {value.dtype}, not a float: its gradient is zero everywhere (return a "
+                                 "floating-point log density)")
+            return value.astype(flat.dtype)
 
         def constrain(x):
-            tree = unravel(x)
-            if isinstance(tree, dict):
-                return dict(tree)
-            return {names[0]: tree}
+            return dict(zip(names, jax.tree.leaves(unravel(x)), strict=True))
 
         return FlatModel(logdensity, constrain, flat.size, flat.dtype, np.asarray(flat), self.jitter)
 
 
-def _names(template) -> list[str]:
-    if isinstance(template, dict):
-        return list(template)
-    return ["x"]
+def variable_names(template) -> list[str]:
+    """The result's variable of each leaf of one chain's position, in leaf order: ``x`` for one array, a dict's
+    keys, and for nested or sequence positions the path joined by ``_`` (``{"a": {"b": ...}}``: ``a_b``;
+    ``(mu, theta)``: ``x_0``, ``x_1``). Two leaves that would share a name are a one-line ``ValueError``."""
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(template)[0]]
+    if paths == [()]:
+        return ["x"]
+    part = lambda key: str(getattr(key, "key", getattr(key, "idx", getattr(key, "name", key))))
+    names = [("x_" if not isinstance(path[0], jax.tree_util.DictKey) else "") + "_".join(map(part, path))
+             for path in paths]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"init: two leaves of the position would both be named {twice[0]!r}; rename one")
+    return names

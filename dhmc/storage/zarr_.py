@@ -48,7 +48,12 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
         ``overwrite`` is true but ``path`` is a file, or a non-empty folder that is not a dhmc store.
     PermissionError
         The store's parent folder is not writable.
+    ValueError
+        ``path`` is a ``memory://`` URL: a store in this process's memory, which the workers cannot write.
     """
+    if str(path).startswith("memory://"):
+        raise ValueError(f"store={str(path)!r} would live in this process's memory, which the workers cannot write: "
+                         "give a path (or a URL every worker can reach), or store=None to keep the draws in memory")
     path = Path(path)
     check_free(path)
     if path.exists() and not overwrite:
