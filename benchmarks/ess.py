@@ -90,7 +90,7 @@ def resolve_problem(name: str) -> str:
 def label(name: str) -> str:
     """Short name for tables: ``eight_schools_noncentered``, ``kidiq``, ``arK``, ``gauss100`` ..."""
     if name in ROUTES:
-        return f"{label(name.split(':')[0])}{'_centered' if name == NONCENTERED else ''}, noncentered=True"
+        return f"{label(name.split(':')[0])}, noncentered=True"
     if name.startswith("eight_schools-"):
         return name.split("-", 1)[1]
     return name.split("-", 1)[0]
