@@ -107,9 +107,10 @@ def _open_sink(run: RunContext, run_id: str):
 
     if run.resume:
         root, _ = zarr_.open_store(run.store)
+        root.attrs[zarr_.OWNER] = run_id  # a stopped run's blocks still out there no longer write here
     else:
         root = zarr_.create_store(run.store, run.layout, run.spec.geometry, run.model.dim, run.model.dtype,
-                                  run.attrs, extra, run.overwrite)
+                                  {**run.attrs, zarr_.OWNER: run_id}, extra, run.overwrite)
         if run.inputs:
             zarr_.save_inputs(root, run.inputs)
         if run.params is not None:

@@ -15,9 +15,9 @@ import zarr
 
 from dhmc.geometry import Geometry
 from dhmc.storage.schema import Layout
-from dhmc.storage.zarr_ import INTERNAL, WHERE, StoreError
+from dhmc.storage.zarr_ import INTERNAL, OWNER, WHERE, StoreError
 
-__all__ = ["BlockDestination", "block_shapes", "check_block", "mark_done", "read_head"]
+__all__ = ["BlockDestination", "block_shapes", "check_block", "check_owner", "mark_done", "read_head"]
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,14 @@ class BlockDestination:
     run_id: str
 
     def write(self, block: dict) -> dict:
-        """Write ``posterior``/``sample_stats`` draws and end ``position``; return the shapes written."""
+        """Write ``posterior``/``sample_stats`` draws and end ``position``; return the shapes written.
+
+        Only while the store is still this run's (:func:`check_owner`): a block of a run that was stopped and whose
+        store another run has since overwritten or resumed is refused, not written into the other run's draws.
+        """
         shapes = block_shapes(block)
         check_block(self.layout, self.geometry, self.chunk, self.segment, shapes, self.path)
+        check_owner(self.path, self.run_id)
         arrays = _arrays(self.path, self.layout, self.run_id)
         c0, d0 = self.geometry.chunk(self.chunk).start, self.geometry.segment(self.segment).start
         for group in self.layout.groups():
@@ -48,6 +53,15 @@ class BlockDestination:
         position = block["position"]
         arrays[f"{INTERNAL}/position"][c0:c0 + position.shape[0], self.segment] = position
         return shapes
+
+
+def check_owner(path: str, run_id: str) -> None:
+    """Raise :class:`StoreError` unless the store at ``path`` belongs to run ``run_id`` (its ``dhmc_run_id``, which
+    every run that creates or resumes a store sets; a store without one, of an older dhmc, belongs to anyone)."""
+    owner = zarr.open_group(path, mode="r", use_consolidated=False).attrs.get(OWNER)
+    if owner is not None and owner != run_id:
+        raise StoreError(f"{path} now belongs to run {owner}: this block of run {run_id} (stopped, its store "
+                         "overwritten or resumed since) was not written")
 
 
 _OPEN: dict[tuple[str, str], dict] = {}

@@ -29,6 +29,7 @@ __all__ = ["INTERNAL", "WHERE", "StoreError", "adapted_params", "blocks_done", "
 
 INTERNAL = "dhmc"
 WHERE = ("host", "worker")  # per block: the host name and the worker address that ran it
+OWNER = "dhmc_run_id"  # the root attribute naming the run that writes the store now (set on create and resume)
 
 
 class StoreError(ValueError):
@@ -56,6 +57,9 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
                          "give a path (or a URL every worker can reach), or store=None to keep the draws in memory")
     path = Path(path)
     check_free(path)
+    inside = next((p for p in path.absolute().parents if is_dhmc_store(p)), None)
+    if inside is not None:
+        raise StoreError(f"{path} is inside the dhmc store {inside}; choose a path outside it")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it")
     if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_dhmc_store(path))):
@@ -70,10 +74,13 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
 
 
 def is_dhmc_store(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a Zarr group written by dhmc (its root attrs say ``inference_library="dhmc"``)."""
+    """Whether ``path`` is the root of a Zarr store written by dhmc (its attrs say ``inference_library="dhmc"`` and
+    hold the layout; its groups carry the first, not the second)."""
+    if not (Path(path) / "zarr.json").is_file():
+        return False
     try:
         attrs = zarr.open_group(str(path), mode="r").attrs
-        return attrs.get("inference_library") == "dhmc"
+        return attrs.get("inference_library") == "dhmc" and "dhmc_layout" in attrs
     except Exception:  # noqa: BLE001 - anything zarr cannot open as a group is not a dhmc store
         return False
 

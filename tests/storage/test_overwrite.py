@@ -70,3 +70,16 @@ def test_a_store_locked_by_a_live_run_is_refused(dhmc_store, hold_lock):
 def test_this_process_may_overwrite_a_store_it_has_locked(dhmc_store):
     with StoreLock(dhmc_store):
         check_writable(dhmc_store, overwrite=True)
+
+
+@pytest.mark.parametrize("inner", ["posterior", "posterior/p", "dhmc/done", "new/run.zarr"])
+def test_a_path_inside_a_dhmc_store_is_refused_and_the_store_kept(dhmc_store, inner):
+    """``--out run.zarr/posterior --overwrite`` deleted the run's posterior: its groups carry the attribute that
+    marks a dhmc store, and only the root is one."""
+    before = dhmc.open_trace(dhmc_store)["posterior"]["p"].values.copy()
+    assert not is_dhmc_store(dhmc_store / "posterior")
+    with pytest.raises(StoreError, match=rf"^{dhmc_store / inner} is inside the dhmc store {dhmc_store}; choose a "
+                                         r"path outside it$"):
+        dhmc.sample("coin_toss", chains=8, draws=10, warmup=10, store=dhmc_store / inner, overwrite=True,
+                    progress=False)
+    np.testing.assert_array_equal(dhmc.open_trace(dhmc_store)["posterior"]["p"].values, before)
