@@ -9,9 +9,10 @@ sampled every 0.2 s). Goals: driver peak < 0.5 GiB with a store, whatever the si
 
     python -m benchmarks.memory                              # 65536 chains x 1000 draws
     python -m benchmarks.memory --chains 4096 --draws 200    # smaller
-    python -m benchmarks.memory --modes auto --chains 1024 --dims 501,4096 --max-draws 1000,10000
+    python -m benchmarks.memory --modes auto --chains 1024 --dims irt,501,4096 --max-draws 1000,10000
 
-``auto``: ``dhmc.sample`` of a ``d``-dimensional Gaussian (sds 1 to 10), ``draws="auto"``, ``target_ess=400``,
+``auto``: ``dhmc.sample`` of a ``d``-dimensional Gaussian (sds 1 to 10) or of LAPS's 501-D item-response model
+(``irt``), ``draws="auto"``, ``target_ess=400``,
 each ``max_draws`` given, no store, defaults otherwise. The driver's arrays follow the draws taken (a run stops at
 10-20 draws a chain), so its peak should not move with ``max_draws``: before the in-memory result grew with the
 draws, a 501-D run of 1024 chains asked for 38 GiB (``max_draws=10000``, float64) before its first draw.
@@ -101,18 +102,24 @@ def _auto(cfg: dict, base_rss: int, watch: _WorkerWatch, t: float) -> dict:
 
     import dhmc
 
-    precision = jnp.asarray(1.0 / np.linspace(1.0, 10.0, cfg["dim"]) ** 2, jnp.float32)
-    tree = dhmc.sample(lambda p: -0.5 * jnp.sum(precision * p["x"] ** 2), init={"x": np.zeros(cfg["dim"], np.float32)},
-                       chains=cfg["chains"], draws="auto", target_ess=400, max_draws=cfg["max_draws"], seed=0,
-                       progress=False)
+    if cfg["target"] == "irt":  # LAPS's 501-D item-response model (benchmarks.laps_targets)
+        from benchmarks.laps_targets import target
+
+        logdensity, init = target("irt")
+    else:
+        precision = jnp.asarray(1.0 / np.linspace(1.0, 10.0, cfg["dim"]) ** 2, jnp.float32)
+        logdensity, init = lambda p: -0.5 * jnp.sum(precision * p["x"] ** 2), {"x": np.zeros(cfg["dim"], np.float32)}
+    tree = dhmc.sample(logdensity, init=init, chains=cfg["chains"], draws="auto", target_ess=400,
+                       max_draws=cfg["max_draws"], seed=0, progress=False)
     seconds = time.perf_counter() - t
     watch.stop.set()
     watch.join()
-    x = tree["posterior"]["x"]
+    x = tree["posterior"][max(tree["posterior"].data_vars, key=lambda k: tree["posterior"][k].size)]
     return {**cfg, "seconds": seconds, "driver_peak_rss_gib": _peak_rss_bytes() / GIB,
             "driver_rss_after_imports_gib": base_rss / GIB, "workers_peak_rss_gib": watch.peak / GIB,
             "shape": list(x.shape), "dtype": str(x.dtype), "draws_kept_gib": x.nbytes / GIB,
             "max_draws_gib": cfg["chains"] * cfg["max_draws"] * x.dtype.itemsize * cfg["dim"] / GIB,
+            "draws_taken": int(tree["posterior"].sizes["draw"]),
             "dhmc_timing": json.loads(tree["posterior"].attrs["dhmc_timing"])}
 
 
@@ -125,7 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chains-per-task", type=int, default=None)
     ap.add_argument("--modes", default="store,memory", help="store: stream to Zarr; memory: no store; auto: "
                     "draws='auto' without a store, over --dims x --max-draws")
-    ap.add_argument("--dims", default="501,4096", help="auto: the Gaussian's dimensions")
+    ap.add_argument("--dims", default="501,4096", help="auto: the Gaussian's dimensions; irt: LAPS's 501-D "
+                    "item-response model (benchmarks.laps_targets)")
     ap.add_argument("--max-draws", default="1000,10000", help="auto: the max_draws given")
     ap.add_argument("--dir", default=None, help="where the Zarr store goes (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the store")
@@ -144,14 +152,16 @@ def main(argv=None) -> int:
         cfgs = []
         for mode in [m for m in args.modes.split(",") if m]:
             if mode == "auto":
-                cfgs += [{"mode": mode, "chains": args.chains, "dim": int(d), "max_draws": int(m), "store": None}
+                cfgs += [{"mode": mode, "chains": args.chains, "dim": 501 if d == "irt" else int(d),
+                          "target": "irt" if d == "irt" else "gaussian", "max_draws": int(m), "store": None}
                          for d in args.dims.split(",") for m in args.max_draws.split(",")]
                 continue
             cfgs.append({"mode": mode, "chains": args.chains, "draws": args.draws, "step_size": args.step_size,
                          "num_steps": args.num_steps, "chains_per_task": args.chains_per_task,
                          "store": str(folder / "memory.zarr") if mode == "store" else None})
         for cfg in cfgs:
-            mode = cfg["mode"] if cfg["mode"] != "auto" else f"auto d={cfg['dim']} max_draws={cfg['max_draws']}"
+            mode = cfg["mode"] if cfg["mode"] != "auto" else (f"auto {cfg['target']} d={cfg['dim']} "
+                                                              f"max_draws={cfg['max_draws']}")
             t = time.perf_counter()
             rec = run_child(__spec__.name, cfg, args.timeout, env)
             rec = {**cfg, **rec, "loadavg_after": os.getloadavg()[0]}
@@ -171,10 +181,10 @@ def main(argv=None) -> int:
         summary["slowdown_store_over_memory"] = by["store"]["seconds"] / by["memory"]["seconds"]
         summary["goal_slowdown_below_10_percent"] = summary["slowdown_store_over_memory"] < 1.10
     auto = [r for r in rows if r["mode"] == "auto" and "error" not in r]
-    for dim in sorted({r["dim"] for r in auto}):
-        peaks = {r["max_draws"]: r["driver_peak_rss_gib"] for r in auto if r["dim"] == dim}
-        summary[f"auto_d{dim}_driver_peak_gib_by_max_draws"] = peaks
-        summary[f"auto_d{dim}_peak_ratio_largest_over_smallest_max_draws"] = peaks[max(peaks)] / peaks[min(peaks)]
+    for target, dim in sorted({(r["target"], r["dim"]) for r in auto}):
+        peaks = {r["max_draws"]: r["driver_peak_rss_gib"] for r in auto if (r["target"], r["dim"]) == (target, dim)}
+        summary[f"auto_{target}_d{dim}_driver_peak_gib_by_max_draws"] = peaks
+        summary[f"auto_{target}_d{dim}_peak_ratio_largest_over_smallest_max_draws"] = peaks[max(peaks)] / peaks[min(peaks)]
     payload = {"benchmark": "memory", "machine": machine(), "summary": summary, "runs": rows,
                "notes": ["driver peak = ru_maxrss of the process calling dhmc.sample (imports included)",
                          "workers peak = max over time of the summed RSS of its descendant processes"]}
@@ -183,7 +193,7 @@ def main(argv=None) -> int:
     for r in rows:
         if r.get("shape"):
             r["draws"] = r["shape"][1]
-    print(table(rows, [("mode", "mode", ""), ("chains", "chains", "d"), ("dim", "dim", "d"),
+    print(table(rows, [("mode", "mode", ""), ("target", "target", ""), ("chains", "chains", "d"), ("dim", "dim", "d"),
                          ("max_draws", "max_draws", "d"), ("draws", "draws", "d"),
                          ("seconds", "seconds", ".1f"), ("chain_draws_per_s", "draws/s", ",.0f"),
                          ("driver_peak_rss_gib", "driver peak GiB", ".2f"),
