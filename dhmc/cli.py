@@ -191,7 +191,8 @@ def _summary(args) -> int:
     from dhmc import diagnostics, open_trace
     from dhmc.storage.zarr_ import open_store
 
-    open_store(args.store)  # a clear error for a missing or broken store
+    if _say_unfinished_or_damaged(args.store, *open_store(args.store)):  # a missing or broken store: a clear error
+        return 1
     trace = open_trace(args.store)
     table = diagnostics.summary(trace)
     with pd.option_context("display.max_rows", 200, "display.width", 160):
@@ -201,6 +202,34 @@ def _summary(args) -> int:
     for warning in diagnostics.check(trace, table):
         print(f"warning: {warning}")
     return 0
+
+
+def _say_unfinished_or_damaged(store, root, layout) -> bool:
+    """Before a summary: how much of an unfinished run is done, and which done blocks are damaged (True: some are,
+    and no summary can be read)."""
+    import json
+
+    from dhmc.distributed.spec import RunSpec
+    from dhmc.storage import integrity
+    from dhmc.storage.zarr_ import blocks_done
+
+    geometry = RunSpec(**json.loads(root.attrs["dhmc_run_spec"])).geometry
+    integrity.check_arrays(root, layout, geometry, store)
+    unreadable = integrity.unreadable_done(root, geometry)
+    if unreadable:
+        c, s = unreadable[0]
+        print(f"damaged: the done flags of {len(unreadable)} block(s) are unreadable (the first, chunk {c} segment "
+              f"{s}); dhmc resume {store} runs them again")
+        return True
+    done, damaged = blocks_done(root), integrity.damaged_blocks(root, layout, geometry, store)
+    if not done.all():
+        print(f"unfinished: {int(done.sum())} of {done.size} blocks done (the rest read as NaN); dhmc resume "
+              f"{store} finishes it")
+    if damaged:
+        (c, s), what = next(iter(sorted(damaged.items())))
+        print(f"damaged: {len(damaged)} block(s) marked done (the first, chunk {c} segment {s}: {what}); dhmc resume "
+              f"{store} runs them again")
+    return bool(damaged)
 
 
 def _models(args) -> int:

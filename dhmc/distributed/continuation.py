@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, replace
 
 import jax
@@ -37,6 +38,7 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     check_free(path)  # another run writing it: refused before any cluster starts
     rewrite.finish_resize(root, layout)  # a trim or an extend that was interrupted
     spec = _spec(root, path)
+    _check_blocks(root, layout, spec, path, extending=more_draws is not None)
     if more_draws is not None and not zarr_.blocks_done(root).all():
         raise zarr_.StoreError(f"the run in {path} is not finished: dhmc resume {path} first, then extend it")
     if spec.x64 and not jax.config.jax_enable_x64:
@@ -59,6 +61,27 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     attrs = {k: root.attrs[k] for k in ATTRS if k in root.attrs}
     return RunContext(spec=spec, target=resolved, pickled=pickled, model=model, layout=layout, attrs=attrs, store=path,
                       resume=True, observers=observers, params=zarr_.load_initial_params(root, model.dtype))
+
+
+def _check_blocks(root, layout, spec: RunSpec, path, extending: bool) -> None:
+    """The store's arrays as its spec says (else one line), and its damaged done blocks marked to run again (a
+    resume, which says so) or refused (an extend: resume first)."""
+    from dhmc.storage import integrity
+    from dhmc.storage.zarr_ import StoreError
+
+    integrity.check_arrays(root, layout, spec.geometry, path)
+    damaged = {b: "its done flag unreadable" for b in integrity.unreadable_done(root, spec.geometry)}
+    if not (damaged and extending):
+        integrity.unmark(root, damaged)  # not known to be done: not done
+        damaged |= integrity.damaged_blocks(root, layout, spec.geometry, path)
+    if not damaged:
+        return
+    (c, s), what = next(iter(sorted(damaged.items())))
+    told = f"{len(damaged)} block(s) of {path} marked done are damaged (the first, chunk {c} segment {s}: {what})"
+    if extending:
+        raise StoreError(f"{told}: dhmc resume {path} runs them again, then extend it")
+    integrity.unmark(root, damaged)
+    logging.getLogger("dhmc").warning("%s: this resume runs them again", told)
 
 
 def _extend(root, layout, spec: RunSpec, draws: int) -> RunSpec:
