@@ -26,6 +26,7 @@ from distributed.deploy.subprocess import SubprocessWorker
 from tornado import web
 
 from dhmc.distributed import network
+from dhmc.distributed.child import remove_orphaned_folders, temporary_prefix
 
 __all__ = ["local_cluster", "EmbeddedCluster", "DashboardOnDemand", "PinnedWorker", "WorkerDeath", "available_cores"]
 
@@ -72,7 +73,7 @@ class PinnedWorker(SubprocessWorker):
         super().__init__(scheduler, **kwargs)
 
     async def _spawn(self):
-        cmd = [sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler,
+        cmd = [sys.executable, "-m", "dhmc.distributed.child", str(os.getpid()), self.scheduler,  # dies with us
                "--spec", json.dumps({"cls": self.worker_class, "opts": self.worker_kwargs})]
         taskset = shutil.which("taskset")
         if self.cores and taskset:  # pin by exec, not preexec_fn: no fork hooks in a JAX process
@@ -226,7 +227,8 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
     scheduler_log = logging.getLogger("distributed.scheduler")
     if not any(isinstance(f, _ReportedByDhmc) for f in scheduler_log.filters):
         scheduler_log.addFilter(_ReportedByDhmc())
-    log_dir = tempfile.mkdtemp(prefix="dhmc-workers-")
+    remove_orphaned_folders()  # of drivers killed before they could
+    log_dir = tempfile.mkdtemp(prefix=temporary_prefix("workers"))
     security = network.security_for(host, security)
     env = network.security_env(security, os.path.join(log_dir, "tls")) if security is not None else {}
     env[_WORKER_PROFILER] = "False"

@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import cloudpickle
 import jax
 
+from dhmc.distributed.child import temporary_prefix
 from dhmc.distributed.spec import RunSpec
 
 __all__ = ["Startup", "pickle_target", "precompile"]
@@ -34,7 +35,7 @@ class Startup:
         self.cluster, self.options, self.seconds = cluster, options, 0.0
         self.setup = _worker_setup()
         embedded = (cluster is None or cluster == "local") and jax.default_backend() == "cpu"
-        self._folder = tempfile.mkdtemp(prefix="dhmc-programs-") if embedded else None
+        self._folder = tempfile.mkdtemp(prefix=temporary_prefix("programs")) if embedded else None
         self.executables = precompile(spec, model, self._folder) if embedded else None
         self._pending = in_thread(_connect, cluster, options) if embedded else None
 

@@ -6,14 +6,17 @@ import json
 import os
 import re
 import signal
+import tempfile
 import time
 
 import cloudpickle
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dhmc.core.ensemble import KernelConfig
 from dhmc.distributed import program
+from dhmc.distributed.child import remove_orphaned_folders, temporary_prefix
 from dhmc.models import LogDensityTarget
 
 
@@ -142,3 +145,57 @@ def test_the_embedded_driver_imports_no_dashboard_zarr_or_arviz_until_asked(tmp_
     assert "imported: []" in out.stdout, out.stdout
     assert re.search(r"status page: \d+ True", out.stdout), out.stdout  # Dask's bokeh page, built on demand
     assert "dhmc page: 200" in out.stdout
+
+
+ORPHAN_DRIVER = """
+import sys, jax.numpy as jnp, dhmc
+dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=64, draws=10**6, warmup=0,
+            adapt=False, kernel="hmc", step_size=0.1, num_steps=5, chains_per_task=32, progress=False)
+"""
+
+
+@pytest.mark.parametrize("when", ["start-up", "sampling"])
+def test_workers_die_with_a_driver_killed_by_sigkill_and_leave_no_folders(when):
+    """A driver killed with kill -9 (while its workers start, or while they sample) takes its embedded workers with
+    it (one outlived such a driver for good); the next driver removes its temporary folders (logs, certificates,
+    programs) and nobody else's."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    driver = subprocess.Popen([sys.executable, "-c", ORPHAN_DRIVER], stderr=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL)
+    proc, deadline, workers = psutil.Process(driver.pid), time.monotonic() + 120, []
+    while time.monotonic() < deadline:
+        workers = [c for c in proc.children(recursive=True) if "dhmc.distributed.child" in " ".join(c.cmdline())]
+        if workers and (when == "start-up" or _sampling(workers)):
+            break
+        time.sleep(0.1 if when == "start-up" else 0.5)
+    assert workers, "no embedded worker started"
+    assert _folders(driver.pid)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    assert not alive, f"workers outlived their driver: {[p.pid for p in alive]}"
+    left = _folders(driver.pid)
+    assert left and set(left) <= set(remove_orphaned_folders())  # what the next driver's embedded cluster does first
+    assert not _folders(driver.pid)
+    mine = tempfile.mkdtemp(prefix=temporary_prefix("programs"))  # a live driver's folder stays
+    assert mine not in remove_orphaned_folders() and os.path.isdir(mine)
+    os.rmdir(mine)
+
+
+def _folders(pid: int) -> list[str]:
+    import glob
+    import tempfile
+
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"dhmc-*-{pid}-*"))
+
+
+def _sampling(workers) -> bool:
+    """Every worker busy with a block: its CPU time past its start-up's."""
+    try:
+        return all(w.cpu_times().user > 4.0 for w in workers)
+    except Exception:  # noqa: BLE001 - a worker restarting
+        return False
