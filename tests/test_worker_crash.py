@@ -176,7 +176,7 @@ def test_losing_every_worker_for_good_ends_the_run_and_the_store_resumes(tmp_pat
         run = _Background(slow_logdensity, store, **kw)
         run.wait_for_blocks(poll=0.02)
         workers = [p for p in psutil.Process().children(recursive=True)  # this run's workers, not others'
-                   if "dask_spec" in " ".join(p.cmdline()) and p.create_time() >= started - 1]
+                   if "dhmc.distributed.child" in " ".join(p.cmdline()) and p.create_time() >= started - 1]
         assert len(workers) == 2, workers
         for worker in workers:
             worker.kill()
