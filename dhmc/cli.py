@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dhmc.errors import BlockTimeoutError, NoWorkersError, WorkerCrashError
+from dhmc.errors import BlockTimeoutError, NoWorkersError, WorkerCrashError, one_line
 
 __all__ = ["main"]
 
@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dhmc: interrupted{hint}", file=sys.stderr)
         return 130
     except ERRORS as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"dhmc: error: {message}", file=sys.stderr)
+        print(f"dhmc: error: {one_line(e)}", file=sys.stderr)
         return 2
+
 
 
 def _sample(args) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["BlockTimeoutError", "ClusterError", "ConvergenceWarning", "ModelMismatchError", "NoWorkersError",
-           "StoreLockedError", "WorkerCrashError"]
+           "StoreLockedError", "WorkerCrashError", "one_line"]
 
 
 class ConvergenceWarning(UserWarning):
@@ -57,3 +57,15 @@ class ModelMismatchError(ValueError):
 
 class ClusterError(RuntimeError):
     """A cluster that cannot be started or reached, or a target its workers cannot receive."""
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message in one line: its first; for one that carries a Python traceback (a model that raised
+    inside a JAX callback: ``INTERNAL: CpuCallback error calling callback: Traceback ...``), the error the model
+    raised, the traceback's last line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if "Traceback (most recent call last):" in lines[0] and len(lines) > 1:
+        return f"the model raised inside a JAX callback: {lines[-1]}"
+    return lines[0]

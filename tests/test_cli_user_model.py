@@ -22,6 +22,19 @@ MODULE = textwrap.dedent('''
         return -0.5 * jnp.sum(((position["x"] - centre) / scale) ** 2)
 
 
+    def refusing(position, centre, scale):
+        """Raises inside a JAX callback, as a model that checks its input on the host does."""
+        import jax
+        import numpy as np
+
+        def check(x):
+            if np.any(np.asarray(x) > -100.0):
+                raise ValueError("my model refuses x > -100")
+
+        jax.debug.callback(check, position["x"])
+        return shifted_gaussian(position, centre, scale)
+
+
     def regression(x, y=None):
         slope = numpyro.sample("slope", dist.Normal(0.0, 10.0))
         with numpyro.plate("point", x.shape[0]):
@@ -98,6 +111,15 @@ def test_bad_user_model_input_is_one_line(project, args, message):
     assert out.returncode == 2, out.stderr[-2000:]
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (project / "s.zarr").exists()
+
+
+def test_a_model_that_raises_in_a_callback_gets_its_own_message(project):
+    """XLA wraps it as "INTERNAL: CpuCallback error calling callback: Traceback ...": the model's words were lost."""
+    out = dhmc_cli(project, "sample", "mymodels:refusing", "--data", "data.npz", "--init", "init.json", "--chains", 8,
+                   "--draws", 10, "--warmup", 10, "--no-progress", "--out", "r.zarr", timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].endswith(": the model raised inside a JAX callback: ValueError: my "
+                                                        "model refuses x > -100"), out.stderr
 
 
 def test_what_counts_as_a_model_reference():

@@ -194,6 +194,8 @@ def test_tls_cluster(tmp_path):
                           r"free: take fewer chains$"),
     (dict(store="memory://run.zarr"), r"^store='memory://run.zarr' would live in this process's memory, which the "
                                       r"workers cannot write"),
+    (dict(store="r" * 250 + ".zarr"), r"^the store's name is 255 bytes long; its lock file beside it \(r{20}\.\.\."
+                                      r"\.dhmc-lock\) allows at most 245: choose a shorter name$"),
 ])
 def test_bad_input_is_one_line_before_any_cluster(options, message, monkeypatch):
     from dhmc.distributed import startup

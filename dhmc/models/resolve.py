@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dhmc.core.ensemble import initial_positions as jittered_positions
+from dhmc.errors import one_line
 from dhmc.models.base import TRACING, FlatModel
 from dhmc.models.examples import example
 from dhmc.models.logdensity import LogDensityTarget
@@ -109,9 +110,8 @@ def evaluate(model: FlatModel, name, positions) -> np.ndarray:
             evaluate = jax.jit(jax.vmap(model.logdensity_fn)).lower(jnp.asarray(positions))
         values = evaluate.compile()(jnp.asarray(positions))
     except Exception as e:  # noqa: BLE001 - the user's function failed: say which and on what
-        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"the log density {name!r} failed on one chain's position (flat size {model.dim}): "
-                         f"{type(e).__name__}: {msg}") from None
+                         f"{type(e).__name__}: {one_line(e)[:300]}") from None
     values = np.asarray(values)
     if values.shape != (positions.shape[0],):
         raise ValueError(f"the log density {name!r} must return a scalar per position, got shape "

@@ -56,6 +56,7 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
         raise ValueError(f"store={str(path)!r} would live in this process's memory, which the workers cannot write: "
                          "give a path (or a URL every worker can reach), or store=None to keep the draws in memory")
     path = Path(path)
+    _check_lock_name(path)
     check_free(path)
     inside = next((p for p in path.absolute().parents if is_dhmc_store(p)), None)
     if inside is not None:
@@ -71,6 +72,23 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
     # A folder without write bits counts as read-only even for root, who could write it anyway.
     if not os.access(parent, os.W_OK | os.X_OK) or not parent.stat().st_mode & 0o222:
         raise PermissionError(f"cannot write the store {path}: {parent} is not writable")
+
+
+def _check_lock_name(path: Path) -> None:
+    """A store whose lock file's name (``<name>.dhmc-lock``) is too long for the filesystem: one line (it read as
+    "locked by another run")."""
+    from dhmc.storage.lock import SUFFIX
+
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        longest = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        longest = 255
+    if len(os.fsencode(path.name)) + len(SUFFIX) > longest:
+        raise ValueError(f"the store's name is {len(os.fsencode(path.name))} bytes long; its lock file beside it "
+                         f"({path.name[:20]}...{SUFFIX}) allows at most {longest - len(SUFFIX)}: choose a shorter name")
 
 
 def is_dhmc_store(path: str | os.PathLike) -> bool:
