@@ -26,6 +26,7 @@ from dhmc.distributed.spec import (
     run_attrs,
 )
 from dhmc.distributed.startup import Startup, pickle_target
+from dhmc.models.base import TRACING
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
 from dhmc.storage.sinks import check_fits
@@ -160,19 +161,20 @@ def sample(
                             num_steps=num_steps, trajectory_length=trajectory_length, adapt=adapt,
                             target_accept=target_accept, chains_per_task=chains_per_task, target_ess=target_ess,
                             max_draws=max_draws, thinning=thinning, prior=prior, max_warmup=max_warmup, seed=seed)
-    resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
-    resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"], noncentered)
-    pickled = pickle_target(resolved)  # as the user gave it: nothing has traced it yet
-    model = with_labels(resolved.build(), dims, coords)
-    check_kernel_fits(options["kernel"], model.dim)
-    options["cold_start"] = options["cold_start"] and cold_applies(options["chains"], model.dim)
-    params = None
-    if adapted_from is not None:
-        options, params = adapted_options(adapted_from, options, model.dim)
-        dense_mass = params["inverse_mass_matrix"].ndim == 2
-    layout = layout_for(model, warmup_draws=options["warmup"] if save_warmup else 0)
-    geometry = geometry_for(model, layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
-                            target_ess=options["target_ess"])
+    with TRACING:  # NumPyro's handler stack is global: runs prepared in two threads take turns
+        resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
+        resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"], noncentered)
+        pickled = pickle_target(resolved)  # as the user gave it: nothing has traced it yet
+        model = with_labels(resolved.build(), dims, coords)
+        check_kernel_fits(options["kernel"], model.dim)
+        options["cold_start"] = options["cold_start"] and cold_applies(options["chains"], model.dim)
+        params = None
+        if adapted_from is not None:
+            options, params = adapted_options(adapted_from, options, model.dim)
+            dense_mass = params["inverse_mass_matrix"].ndim == 2
+        layout = layout_for(model, warmup_draws=options["warmup"] if save_warmup else 0)
+        geometry = geometry_for(model, layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
+                                target_ess=options["target_ess"])
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=geometry.chains_per_task,
                    draws_per_segment=geometry.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),

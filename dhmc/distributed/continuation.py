@@ -11,6 +11,7 @@ import jax
 from dhmc.distributed.driver import RunContext
 from dhmc.distributed.spec import RunSpec, check_integer
 from dhmc.distributed.startup import pickle_target
+from dhmc.models.base import TRACING
 from dhmc.models.fingerprint import check_same_run
 from dhmc.models.reference import is_reference
 from dhmc.models.resolve import resolve_target, with_outputs
@@ -50,10 +51,11 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
         raise ValueError(f"the run in {path} sampled the Python function {spec.model[7:]!r}; give it again: "
                          "dhmc.resume(path, target=<the same function>, init=<the same init>)")
     target = spec.model if target is None else target
-    resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
-    resolved = with_outputs(resolved, name, spec.log_likelihood, spec.predictive, noncentered=spec.noncentered)
-    pickled = pickle_target(resolved)  # before anything traces it
-    model = resolved.build()
+    with TRACING:  # NumPyro's handler stack is global (dhmc.models.base.TRACING)
+        resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
+        resolved = with_outputs(resolved, name, spec.log_likelihood, spec.predictive, noncentered=spec.noncentered)
+        pickled = pickle_target(resolved)  # before anything traces it
+        model = resolved.build()
     if not force:
         check_same_run(path, root.attrs, model)
     if more_draws is not None:

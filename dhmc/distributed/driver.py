@@ -25,7 +25,7 @@ from dhmc.distributed.runner import Runner, initial_params
 from dhmc.distributed.spec import RunSpec
 from dhmc.distributed.startup import Startup
 from dhmc.errors import ConvergenceWarning
-from dhmc.models.base import FlatModel
+from dhmc.models.base import TRACING, FlatModel
 from dhmc.models.resolve import initial_positions
 from dhmc.storage import schema
 
@@ -125,7 +125,8 @@ def _extra_groups(run: RunContext) -> dict[str, dict[str, tuple]]:
                                      for k, v in values.items()}
     groups = {"observed_data": labelled(run.model.observed_data, [])}
     if run.spec.prior:
-        prior, predictive = run.target.sample_prior(run.spec.prior, run.spec.seed)
+        with TRACING:
+            prior, predictive = run.target.sample_prior(run.spec.prior, run.spec.seed)
         groups |= {"prior": labelled({k: v[None] for k, v in prior.items()}, ["chain", "draw"]),
                    "prior_predictive": labelled({k: v[None] for k, v in predictive.items()}, ["chain", "draw"])}
     return {k: v for k, v in groups.items() if v}

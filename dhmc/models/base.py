@@ -13,10 +13,11 @@ from dhmc.types import Array
 
 __all__ = ["FlatModel", "Target", "TRACING"]
 
-#: Held while a model is traced. NumPyro keeps its effect-handler stack in one global list, so two
-#: threads tracing a NumPyro model at once (the driver compiling block programs while it checks the
-#: initial points) corrupt each other's traces; tracing is cheap next to compiling, which runs unlocked.
-TRACING = threading.Lock()
+#: Held while a model is traced or run on the driver. NumPyro keeps its effect-handler stack in one global list,
+#: so two threads tracing a NumPyro model at once (the driver compiling block programs while it checks the initial
+#: points; two runs started from two threads) corrupt each other's traces; tracing is cheap next to compiling, which
+#: runs unlocked. Re-entrant: preparing a run holds it across steps that take it themselves.
+TRACING = threading.RLock()
 
 
 @dataclass(frozen=True)
