@@ -135,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-
 def _sample(args) -> int:
     import dhmc
     from dhmc.models.reference import is_reference, read_inputs
@@ -211,24 +210,16 @@ def _say_unfinished_or_damaged(store, root, layout) -> bool:
 
     from dhmc.distributed.spec import RunSpec
     from dhmc.storage import integrity
-    from dhmc.storage.zarr_ import blocks_done
 
     geometry = RunSpec(**json.loads(root.attrs["dhmc_run_spec"])).geometry
     integrity.check_arrays(root, layout, geometry, store)
-    unreadable = integrity.unreadable_done(root, geometry)
-    if unreadable:
-        c, s = unreadable[0]
-        print(f"damaged: the done flags of {len(unreadable)} block(s) are unreadable (the first, chunk {c} segment "
-              f"{s}); dhmc resume {store} runs them again")
-        return True
-    done, damaged = blocks_done(root), integrity.damaged_blocks(root, layout, geometry, store)
-    if not done.all():
+    done, unreadable = integrity.read_done(root, geometry)  # an unreadable flag is damage, said below
+    damaged = integrity.damaged_blocks(root, layout, geometry, store)
+    if int(done.sum()) + len(unreadable) < done.size:
         print(f"unfinished: {int(done.sum())} of {done.size} blocks done (the rest read as NaN); dhmc resume "
               f"{store} finishes it")
     if damaged:
-        (c, s), what = next(iter(sorted(damaged.items())))
-        print(f"damaged: {len(damaged)} block(s) marked done (the first, chunk {c} segment {s}: {what}); dhmc resume "
-              f"{store} runs them again")
+        print(f"damaged: {integrity.describe(damaged, store)}; dhmc resume {store} runs them again")
     return bool(damaged)
 
 

@@ -72,18 +72,13 @@ def _check_blocks(root, layout, spec: RunSpec, path, extending: bool) -> None:
     from dhmc.storage.zarr_ import StoreError
 
     integrity.check_arrays(root, layout, spec.geometry, path)
-    damaged = {b: "its done flag unreadable" for b in integrity.unreadable_done(root, spec.geometry)}
-    if not (damaged and extending):
-        integrity.unmark(root, damaged)  # not known to be done: not done
-        damaged |= integrity.damaged_blocks(root, layout, spec.geometry, path)
+    damaged = integrity.damaged_blocks(root, layout, spec.geometry, path)
     if not damaged:
         return
-    (c, s), what = next(iter(sorted(damaged.items())))
-    told = f"{len(damaged)} block(s) of {path} marked done are damaged (the first, chunk {c} segment {s}: {what})"
     if extending:
-        raise StoreError(f"{told}: dhmc resume {path} runs them again, then extend it")
+        raise StoreError(f"{integrity.describe(damaged, path)}: dhmc resume {path} runs them again, then extend it")
     integrity.unmark(root, damaged)
-    logging.getLogger("dhmc").warning("%s: this resume runs them again", told)
+    logging.getLogger("dhmc").warning("%s: this resume runs them again", integrity.describe(damaged, path))
 
 
 def _extend(root, layout, spec: RunSpec, draws: int) -> RunSpec:

@@ -17,7 +17,7 @@ from dhmc.geometry import Geometry
 from dhmc.storage.schema import Layout
 from dhmc.storage.zarr_ import INTERNAL, StoreError
 
-__all__ = ["check_arrays", "damaged_blocks", "unmark", "unreadable_done"]
+__all__ = ["check_arrays", "damaged_blocks", "describe", "read_done", "unmark"]
 
 
 def check_arrays(root: zarr.Group, layout: Layout, geometry: Geometry, path) -> None:
@@ -38,54 +38,64 @@ def check_arrays(root: zarr.Group, layout: Layout, geometry: Geometry, path) -> 
                          "new run")
 
 
-def unreadable_done(root: zarr.Group, geometry: Geometry) -> list[tuple[int, int]]:
-    """The blocks whose done flag cannot be read (one chunk each): not known to be done."""
-    done = root[f"{INTERNAL}/done"]
+def read_done(root: zarr.Group, geometry: Geometry) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Which blocks are marked done, and the blocks whose flag (one chunk each) cannot be read: not known to be
+    done, so counted not done. The whole array is read, and only if that fails each flag."""
+    array = root[f"{INTERNAL}/done"]
     try:
-        done[...]
-        return []
+        return array[...].astype(bool), []
     except Exception:  # noqa: BLE001 - found flag by flag below
         pass
-    bad = []
-    for c in range(geometry.num_chunks):
-        for s in range(geometry.num_segments):
-            try:
-                done[c, s]
-            except Exception:  # noqa: BLE001
-                bad.append((c, s))
-    return bad
+    done, unreadable = np.zeros((geometry.num_chunks, geometry.num_segments), bool), []
+    for block in np.ndindex(*done.shape):
+        try:
+            done[block] = bool(array[block])
+        except Exception:  # noqa: BLE001
+            unreadable.append(block)
+    return done, unreadable
 
 
 def damaged_blocks(root: zarr.Group, layout: Layout, geometry: Geometry, path) -> dict[tuple[int, int], str]:
-    """``{(chunk, segment): what is wrong}`` for the blocks marked done that are not whole on disk.
+    """``{(chunk, segment): what is wrong}`` for the blocks marked done that are not whole on disk, and those whose
+    done flag cannot be read.
 
     Uncompressed arrays (the draws) are checked by their chunk files' sizes, which Zarr writes whole; compressed
-    ones (the integer and boolean statistics, small) are read; the end position each chunk would continue from
-    must be finite (a resume starts the next segment there, an extend the next draws).
+    ones (the integer and boolean statistics, small) are read; every done block's end position must be finite (the
+    next segment starts there, and an extend's next draws).
     """
-    done = root[f"{INTERNAL}/done"][...].astype(bool)
-    damaged: dict[tuple[int, int], str] = {}
+    done, unreadable = read_done(root, geometry)
+    damaged = {b: "its done flag unreadable" for b in unreadable}
+    blocks = [(int(c), int(s)) for c, s in zip(*np.nonzero(done), strict=True)]
     local = Path(str(path)) if "://" not in str(path) else None
     for group, specs in layout.groups().items():
         for name in specs:
             array = root[f"{group}/{name}"]
             if _compressed(array):
-                _read_check(array, geometry, done, damaged)
+                parts = {(c, s): (slice(geometry.chunk(c).start, geometry.chunk(c).stop),
+                                  slice(geometry.segment(s).start, geometry.segment(s).stop)) for c, s in blocks}
+                for b, error in _unreadable(array, parts).items():
+                    damaged.setdefault(b, f"{array.path} unreadable ({error})")
             elif local is not None:
-                _size_check(array, local, geometry, done, damaged)
+                _size_check(array, local, blocks, damaged)
     position = root[f"{INTERNAL}/position"]
-    for c, s in zip(*np.nonzero(done), strict=True):
+    for c, s in blocks:
         if (c, s) in damaged:
             continue
-        chains = geometry.chunk(int(c))
+        chains = geometry.chunk(c)
         try:
-            end = position[chains.start:chains.stop, int(s)]
+            end = position[chains.start:chains.stop, s]
         except Exception as e:  # noqa: BLE001 - a chunk zarr cannot decode is a damaged block
-            damaged[int(c), int(s)] = f"{INTERNAL}/position unreadable ({type(e).__name__})"
+            damaged[c, s] = f"{INTERNAL}/position unreadable ({type(e).__name__})"
             continue
         if not np.isfinite(end).all():
-            damaged[int(c), int(s)] = f"{INTERNAL}/position holds a value that is not finite"
+            damaged[c, s] = f"{INTERNAL}/position holds a value that is not finite"
     return damaged
+
+
+def describe(damaged: dict[tuple[int, int], str], path) -> str:
+    """``damaged`` (:func:`damaged_blocks`) in one line: how many, and the first with what is wrong."""
+    (c, s), what = min(damaged.items())
+    return f"{len(damaged)} block(s) of {path} marked done are damaged (the first, chunk {c} segment {s}: {what})"
 
 
 def unmark(root: zarr.Group, blocks) -> None:
@@ -99,29 +109,31 @@ def _compressed(array) -> bool:
     return len(array.metadata.codecs) > 1  # the bytes codec alone: raw
 
 
-def _size_check(array, local: Path, geometry: Geometry, done: np.ndarray, damaged: dict) -> None:
+def _size_check(array, local: Path, blocks: list[tuple[int, int]], damaged: dict) -> None:
     """A raw chunk file holds exactly the chunk's bytes (edge chunks padded): absent or of another size, damaged."""
     nbytes = int(np.prod(array.chunks)) * array.dtype.itemsize
     encode = array.metadata.chunk_key_encoding.encode_chunk_key
     tail = (0,) * (array.ndim - 2)
-    for c, s in zip(*np.nonzero(done), strict=True):
-        file = local / array.path / encode((int(c), int(s), *tail))
+    for c, s in blocks:
+        file = local / array.path / encode((c, s, *tail))
         size = file.stat().st_size if file.is_file() else None
-        if size != nbytes and (int(c), int(s)) not in damaged:
-            damaged[int(c), int(s)] = (f"{array.path} chunk {file.relative_to(local)} is "
-                                       f"{'missing' if size is None else f'{size} of {nbytes} bytes'}")
+        if size != nbytes and (c, s) not in damaged:
+            damaged[c, s] = (f"{array.path} chunk {file.relative_to(local)} is "
+                             f"{'missing' if size is None else f'{size} of {nbytes} bytes'}")
 
 
-def _read_check(array, geometry: Geometry, done: np.ndarray, damaged: dict) -> None:
-    """Read the whole (small) array; if that fails, each done block's part, to find the ones that do."""
+def _unreadable(array, parts: dict) -> dict:
+    """``{key: error name}`` of the ``parts`` (``{key: index}``) of ``array`` that cannot be read: the whole (small)
+    array is read first, and only if that fails each part."""
     try:
         array[...]
-        return
-    except Exception:  # noqa: BLE001 - found block by block below
+        return {}
+    except Exception:  # noqa: BLE001 - found part by part below
         pass
-    for c, s in zip(*np.nonzero(done), strict=True):
-        chains, draws = geometry.chunk(int(c)), geometry.segment(int(s))
+    bad = {}
+    for key, index in parts.items():
         try:
-            array[chains.start:chains.stop, draws.start:draws.stop]
+            array[index]
         except Exception as e:  # noqa: BLE001
-            damaged.setdefault((int(c), int(s)), f"{array.path} unreadable ({type(e).__name__})")
+            bad[key] = type(e).__name__
+    return bad
