@@ -33,7 +33,7 @@ def resolve_target(target, init, chains, model_args, model_kwargs):
         raise TypeError(f"target must be a log-density function, a NumPyro model or a model name, got "
                         f"{type(target).__name__}")
     name = f"python:{getattr(target, '__qualname__', repr(target))}"
-    if init is None and not (model_args or model_kwargs) and is_numpyro_model(target, {}, (), None) is False:
+    if init is None and not (model_args or model_kwargs) and not is_numpyro_model(target, {}, (), None):
         raise ValueError(f"{name[7:]} takes one argument and no init= was given: a log density needs init= (one "
                          "chain's position, e.g. {'x': np.zeros(d)}); a NumPyro model needs its arguments in "
                          "model_args=")

@@ -165,9 +165,8 @@ def check_fits(layout: schema.Layout, geometry: Geometry, position_bytes: int, i
     if not in_memory:
         return
     capacity = _first_capacity(geometry, grow)
-    size = lambda groups: sum(np.dtype(s.dtype).itemsize * int(np.prod(s.shape)) for g in groups for s in g.values())
-    need = geometry.chains * (capacity * size(layout.groups().values())
-                              + layout.warmup_draws * size(layout.warmup_groups().values())) + positions
+    need = geometry.chains * (capacity * _draw_bytes(layout.groups())
+                              + layout.warmup_draws * _draw_bytes(layout.warmup_groups())) + positions
     if need > free:
         raise ValueError(f"the draws would take {need / 2**30:.1f} GiB in memory ({geometry.chains} chains x "
                          f"{capacity} draws), more than the {free / 2**30:.1f} GiB free: give store= (a Zarr path) "
@@ -183,9 +182,13 @@ def _filled(chains: int, draws: int, dtype, shape: tuple) -> np.ndarray:
     return np.full((chains, draws, *shape), schema.fill_value(dtype), dtype)
 
 
+def _draw_bytes(groups: dict) -> int:
+    """Bytes of one chain's draw of ``groups`` (``{group: {name: VariableSpec}}``)."""
+    return sum(np.dtype(s.dtype).itemsize * int(np.prod(s.shape)) for specs in groups.values() for s in specs.values())
+
+
 def _gib(sink: MemorySink, draws: int) -> str:
-    per_draw = sum(a.dtype.itemsize * int(np.prod(a.shape[2:])) for v in sink.arrays.values() for a in v.values())
-    return f"{sink.geometry.chains * draws * per_draw / 2**30:.1f} GiB"
+    return f"{sink.geometry.chains * draws * _draw_bytes(sink.layout.groups()) / 2**30:.1f} GiB"
 
 
 class StoreSink:

@@ -66,9 +66,7 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> None:
     if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_dhmc_store(path))):
         raise StoreError(f"{path} exists and is not a dhmc store; refusing to overwrite it: remove it yourself or "
                          "choose another path")
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = _existing_parent(path)
     # A folder without write bits counts as read-only even for root, who could write it anyway.
     if not os.access(parent, os.W_OK | os.X_OK) or not parent.stat().st_mode & 0o222:
         raise PermissionError(f"cannot write the store {path}: {parent} is not writable")
@@ -79,16 +77,21 @@ def _check_lock_name(path: Path) -> None:
     "locked by another run")."""
     from dhmc.storage.lock import SUFFIX
 
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
     try:
-        longest = os.pathconf(parent, "PC_NAME_MAX")
+        longest = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
         longest = 255
     if len(os.fsencode(path.name)) + len(SUFFIX) > longest:
         raise ValueError(f"the store's name is {len(os.fsencode(path.name))} bytes long; its lock file beside it "
                          f"({path.name[:20]}...{SUFFIX}) allows at most {longest - len(SUFFIX)}: choose a shorter name")
+
+
+def _existing_parent(path: Path) -> Path:
+    """The nearest folder above ``path`` that exists (where a new store's folders would be made)."""
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    return parent
 
 
 def is_dhmc_store(path: str | os.PathLike) -> bool:
