@@ -168,7 +168,8 @@ class Problem:
         self.moments, self.required, self.post = None, None, None
         self.expect_unbiased = True
         self.numpyro_model, self.numpyro_args = None, ()
-        self.noncentered = name in ROUTES  # dhmc samples the NumPyro model with noncentered=True
+        self.noncentered = name in ROUTES  # dhmc samples route_model with noncentered=True; the peers, the log density
+        self.route_model = None
         self.init_radius = 0.5  # dhmc's jitter of a log-density init
         self.x64, self.dense_mass = False, False
         self.x2_moments = None  # {quantity: (E[x^2], Var[x^2])} where the Gaussian formula does not hold
@@ -194,7 +195,7 @@ class Problem:
 
             self.logdensity, self.init = laps_targets.target(name.split(":")[0])
             if self.noncentered:
-                self.numpyro_model = laps_targets.brownian_model
+                self.route_model = laps_targets.brownian_model
             ref = laps_targets.reference(name.split(":")[0])
             self.moments = {k: (m, s, se) for k, (m, s, se, _, _) in ref.items()}
             self.x2_moments = {k: (e2, v2) for k, (_, _, _, e2, v2) in ref.items()}
@@ -209,6 +210,7 @@ class Problem:
 
             post = get(name.split(":")[0])
             self.name, self.post = post.name, post
+            self.route_model = post.numpyro_model if self.noncentered else None
             self.x64, self.dense_mass = post.x64, post.dense_mass
             self.logdensity, self.init = post.logdensity, post.init
             self.expect_unbiased = post.expect_unbiased
@@ -339,7 +341,7 @@ def _child(cfg: dict, out: dict) -> dict:
         warmup = warmup if warmup == "auto" else int(warmup)
         target, kwargs = problem.dhmc_target, problem.dhmc_kwargs
         if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
-            target = problem.post.numpyro_model if problem.post is not None else problem.numpyro_model
+            target = problem.route_model
             kwargs = {"noncentered": True}
         tree = dhmc.sample(target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
                            seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **kwargs)

@@ -324,7 +324,7 @@ def _dhmc(problem, cfg, out) -> dict:
             out["cluster_kind"] = "LocalCluster(1 worker)"
     if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
         kwargs.pop("init")
-        target = problem.post.numpyro_model if problem.post is not None else problem.numpyro_model
+        target = problem.route_model
         kwargs["noncentered"] = True
     else:
         target = problem.logdensity
