@@ -42,7 +42,7 @@ def measure(target_name: str, chains: int, iterations: int, steps: int, eps: flo
     from benchmarks.samplers import floor_sampler
     from benchmarks.targets import TARGETS
     from dhmc.core.ensemble import KernelConfig, Params
-    from dhmc.distributed.program import build_program, compile_program, program_args
+    from dhmc.distributed.program import BlockInputs, build_program, compile_program, program_args
     from dhmc.models import LogDensityTarget
 
     target = TARGETS[target_name]()
@@ -79,7 +79,8 @@ def measure(target_name: str, chains: int, iterations: int, steps: int, eps: flo
     programs = {name: (lambda step=step: jax.jit(looped(step)).lower(init, keys).compile(), (init, keys))
                 for name, step in parts.items()}
     programs["dhmc_block"] = (lambda: compile_program(program, program_args("sample", chains, dim, jnp.float32, False)),
-                              (jnp.uint32(1), jnp.arange(chains, dtype=jnp.uint32), init, params, jnp.int32(0)))
+                              (BlockInputs(jnp.uint32(1), jnp.arange(chains, dtype=jnp.uint32), init, params,
+                                           jnp.int32(0), jnp.int32(iterations), *[jnp.bool_(False)] * 3),))
     programs["floor_block"] = (lambda: floor.lower(keys, init).compile(), (keys, init))
     for name, (compile_it, args) in programs.items():
         us, compile_s = _per_iteration(compile_it, args, iterations, chains)

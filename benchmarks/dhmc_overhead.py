@@ -68,11 +68,11 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
     t = time.perf_counter()
     r = worker.run_job(job("cold"))
     out["dhmc_block_cold_call_s"] = time.perf_counter() - t
-    out["dhmc_block_compile_s"] = r["compile_seconds"]
+    out["dhmc_block_compile_s"] = r.compile_seconds
     t = time.perf_counter()
     r = worker.run_job(job("cold"))
     out["dhmc_block_warm_call_s"] = time.perf_counter() - t
-    out["dhmc_block_device_s"] = r["seconds"]
+    out["dhmc_block_device_s"] = r.seconds
 
     # the floor on the same block and on the whole ensemble
     keys = jax.random.split(jax.random.PRNGKey(1), chains)
@@ -92,7 +92,7 @@ def measure(target_name: str, chains: int, draws: int, steps: int, eps: float, c
 
     # dhmc block again (the machine's load drifts: take the better of two)
     r = worker.run_job(job("cold"))
-    out["dhmc_block_device_s"] = min(out["dhmc_block_device_s"], r["seconds"])
+    out["dhmc_block_device_s"] = min(out["dhmc_block_device_s"], r.seconds)
     out["floor_block_device_s"] = min(out["floor_block_device_s"], timed(lambda: compiled(keys[:cpt], init[:cpt]))[0])
 
     # the driver's initial-position check, as dhmc.models.resolve.initial_positions does it on each call

@@ -71,7 +71,7 @@ class DhmcProbe(Observer):
 
     def _block(self, phase, name, chunk, iterations, result) -> None:
         self.blocks.append({"phase": phase, "chains": len(self.geometry.chunk(chunk)), "iterations": iterations,
-                            "seconds": result.get("seconds"), "compile_seconds": result.get("compile_seconds"),
+                            "seconds": result.seconds, "compile_seconds": result.compile_seconds,
                             "received": time.time(), "key": f"{self.run_id}-{name}-"})
 
     def _match_blocks(self, records) -> None:

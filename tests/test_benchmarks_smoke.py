@@ -65,8 +65,8 @@ def test_probe_times_a_run_from_its_events():
     assert isinstance(probe, dhmc.Observer)
     probe.wall_start, probe.marks["call"] = now, time.perf_counter()
     probe.start_run(client, "dhmc-ab", geometry)
-    probe.sample_block(0, 0, {"seconds": 0.5, "compile_seconds": 0.25}, 200)
-    probe.sample_block(1, 0, {"seconds": 0.5, "compile_seconds": 0.0}, 200)
+    probe.sample_block(0, 0, SimpleNamespace(seconds=0.5, compile_seconds=0.25), 200)
+    probe.sample_block(1, 0, SimpleNamespace(seconds=0.5, compile_seconds=0.0), 200)
     probe.close()
     probe.marks["returned"] = time.perf_counter()
     probe.timing = {"cluster_start": 1.0, "compile": 0.25, "warmup": 0.0, "sampling": 2.0, "writing": 0.5}

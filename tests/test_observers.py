@@ -26,7 +26,7 @@ class Recorder(dhmc.Observer):
         self.events.append(("start_run", geometry.chains, geometry.num_chunks))
 
     def warmup_block(self, round_index, rounds, chunk, result, chunks_done, chunks):
-        self.events.append(("warmup_block", round_index, chunk, result["seconds"] > 0))
+        self.events.append(("warmup_block", round_index, chunk, result.seconds > 0))
 
     def sample_block(self, chunk, segment, result, chain_draws):
         self.events.append(("sample_block", chunk, segment, chain_draws))

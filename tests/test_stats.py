@@ -105,7 +105,7 @@ def test_the_monitor_reports_arviz_ess():
     for segment in range(2):
         for chunk in range(2):
             x = _ar1(rng, np.array([0.0, 0.9, -0.3]), (8, 50, 3)).astype(np.float32)
-            monitor.add(chunk, segment, {"posterior": {"x": x}})
+            monitor.add(chunk, segment, SimpleNamespace(head_draws={"x": x}))
     params = monitor.measure(2)["params"]
     for method in ("bulk", "tail"):
         reported = [params[f"x[{i}]"][f"ess_{method}"] for i in range(3)]

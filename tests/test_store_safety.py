@@ -120,6 +120,7 @@ def test_resume_refuses_another_model_or_data_unless_forced(tmp_path):
 
 def test_a_block_of_the_wrong_shape_is_never_marked_done(tmp_path):
     from dhmc.distributed.spec import geometry_for, layout_for
+    from dhmc.distributed.worker import BlockResult
     from dhmc.models import example
     from dhmc.storage import zarr_
     from dhmc.storage.sinks import StoreSink
@@ -135,10 +136,12 @@ def test_a_block_of_the_wrong_shape_is_never_marked_done(tmp_path):
                               for k, s in layout.sample_stats.items()},
              "position": np.zeros((8, 2), np.float32)}
     written = sink.destination(0, 0).write(block)
-    sink.write(0, 0, {"written": written})
+    result = lambda shapes: BlockResult(position=block["position"], seconds=0.0, compile_seconds=0.0, grad_evals=0,
+                                        where={}, written=shapes)
+    sink.write(0, 0, result(written))
     wrong = dict(written, **{"posterior/x": (8, geometry.draws_per_segment - 1, 2)})
     with pytest.raises(zarr_.StoreError, match="wrong shape for posterior/x"):
-        sink.write(1, 0, {"written": wrong})
+        sink.write(1, 0, result(wrong))
     with pytest.raises(zarr_.StoreError, match="wrong shape"):
         sink.destination(1, 0).write({**block, "position": np.zeros((7, 2), np.float32)})
     assert _done(tmp_path / "s.zarr").tolist()[0][0] == 1 and _done(tmp_path / "s.zarr").sum() == 1

@@ -3,13 +3,14 @@
 ``dhmc.sample`` and ``dhmc.resume`` check their input and hand a :class:`RunContext` here::
 
     api.sample -> RunContext -> drive: Startup.connect -> sink (memory | store) -> Runner.warmup
-               -> Runner.sample (workers run blocks, and write them to a store) -> DataTree
+               -> Runner.sample (workers run blocks, and write them to a store) -> sink.finish: DataTree
+
+The driver reaches storage only through the sink (:class:`dhmc.storage.sinks.Sink`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 import warnings
@@ -57,66 +58,43 @@ def drive(run: RunContext, startup: Startup):
 
     client, close = startup.connect()
     run_id = f"dhmc-{uuid.uuid4().hex[:8]}"
-    runner = lock = None
+    runner = sink = None
     try:
-        lock = _lock(run.store, run_id)
+        sink = _open_sink(run, run_id)
         blob, token = run.pickled
-        root, sink = _open_sink(run, run_id)
         runner = Runner(client, run.spec, blob, token, run.model.dtype, sink, Observers(run.observers),
                         startup.executables, store=run.store, run_id=run_id)
         runner.observers.tell("start_run", client, run_id, run.spec.geometry)
         with span(f"dhmc-{run_id}") if span else nullcontext():
-            positions, params, history = _warmup(run, runner, root)
-            run = _after_warmup(run, runner, sink, root, history, params)
-            monitor = _monitor(run, sink, root)
-            kept = runner.sample(_start_positions(run, root, positions), params, monitor)
+            positions, params, history = _warmup(run, runner, sink)
+            run = _after_warmup(run, runner, sink, history, params)
+            monitor = ConvergenceMonitor(run.spec, sink, sink.checked_waves() if run.spec.target_ess else 0)
+            kept = runner.sample(sink.starts(positions), params, monitor)
         timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - startup.t0}
         attrs = {**run.attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
         attrs.update(_finish_auto(run.spec, sink, monitor, kept) if monitor.auto else _final_check(run.spec, monitor))
-        if root is None:
-            return _warn_divergences(sink.tree(attrs))
-        from dhmc.storage import rewrite, zarr_
-
-        rewrite.finish(root, attrs)
-        return _warn_divergences(zarr_.open_trace(run.store))
+        return _warn_divergences(sink.finish(attrs))
     finally:
         if runner is not None:
             runner.observers.tell("close")
-        if lock is not None:
-            lock.release()
+        if sink is not None:
+            sink.release()
         startup.close()
         close()
 
 
-def _lock(store, run_id: str):
-    """Hold the store's lock for the whole run (before it is created or overwritten); None for URLs."""
-    if store is None or "://" in str(store):
-        return None
-    from dhmc.storage.lock import StoreLock
-
-    return StoreLock(store, run_id).acquire()
-
-
 def _open_sink(run: RunContext, run_id: str):
+    """The run's sink: in memory without a store; else the store, created (or reopened to resume) and locked."""
     from dhmc.storage.sinks import MemorySink, StoreSink
 
-    extra = _extra_groups(run) if not run.resume else {}
+    geometry = run.spec.geometry
     if run.store is None:
-        return None, MemorySink(run.layout, run.spec.geometry, extra, grow=run.spec.target_ess is not None)
-    from dhmc.storage import zarr_
-
+        return MemorySink(run.layout, geometry, _extra_groups(run), grow=run.spec.target_ess is not None)
     if run.resume:
-        root, _ = zarr_.open_store(run.store)
-        root.attrs[zarr_.OWNER] = run_id  # a stopped run's blocks still out there no longer write here
-    else:
-        root = zarr_.create_store(run.store, run.layout, run.spec.geometry, run.model.dim, run.model.dtype,
-                                  {**run.attrs, zarr_.OWNER: run_id}, extra, run.overwrite)
-        if run.inputs:
-            zarr_.save_inputs(root, run.inputs)
-        if run.params is not None:
-            zarr_.save_initial_params(root, run.params)
-    path = str(run.store) if "://" in str(run.store) else os.path.abspath(run.store)  # as workers will see it
-    return root, StoreSink(root, path, run.layout, run.spec.geometry, run_id)
+        return StoreSink.reopen(run.store, run.layout, geometry, run_id)
+    return StoreSink.create(run.store, run.layout, geometry, run_id, dim=run.model.dim, dtype=run.model.dtype,
+                            attrs=run.attrs, extra_groups=_extra_groups(run), overwrite=run.overwrite,
+                            inputs=run.inputs, params=run.params)
 
 
 def _extra_groups(run: RunContext) -> dict[str, dict[str, tuple]]:
@@ -132,17 +110,13 @@ def _extra_groups(run: RunContext) -> dict[str, dict[str, tuple]]:
     return {k: v for k, v in groups.items() if v}
 
 
-def _warmup(run: RunContext, runner: Runner, root):
-    """Post-warmup positions, parameters and history: from the store when a resume finds them there."""
-    if root is None:  # no store: no zarr to import
-        return _run_warmup(run, runner)
-    from dhmc.storage import zarr_
-
-    saved = zarr_.load_warmup(root, run.model.dtype) if run.resume else None
+def _warmup(run: RunContext, runner: Runner, sink):
+    """Post-warmup positions, parameters and history: the sink's, when a resume finds them there."""
+    saved = sink.saved_warmup(run.model.dtype)
     if saved is not None:
         return saved
     positions, params, history = _run_warmup(run, runner)
-    zarr_.save_warmup(root, positions, params, history)
+    sink.save_warmup(positions, params, history)
     return positions, params, history
 
 
@@ -155,7 +129,7 @@ def _run_warmup(run: RunContext, runner: Runner):
     return runner.warmup(positions, params) if spec.warmup else (positions, params, [])
 
 
-def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dict], params: dict) -> RunContext:
+def _after_warmup(run: RunContext, runner: Runner, sink, history: list[dict], params: dict) -> RunContext:
     """After ``warmup="auto"``: the spec's ``warmup`` is the iterations run (sampling's iterations follow
     them), kept in the store for a resume; the kept warmup draws are cut to them; a warmup that reached
     ``max_warmup`` before converging warns with its last round's numbers. The spec's ``dense_mass`` is the
@@ -163,7 +137,7 @@ def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dic
     spec = run.spec
     dense = np.ndim(params["inverse_mass_matrix"]) == 2
     if not spec.auto_warmup:
-        return run if spec.dense_mass is not None else _respec(run, runner, root, replace(spec, dense_mass=dense))
+        return run if spec.dense_mass is not None else _respec(run, runner, sink, replace(spec, dense_mass=dense))
     iterations = warmup.adjusted_iterations(history)
     if spec.save_warmup and sink.layout.warmup_draws > iterations:
         sink.trim_warmup(iterations)
@@ -172,22 +146,15 @@ def _after_warmup(run: RunContext, runner: Runner, sink, root, history: list[dic
         warnings.warn(f"warmup='auto' reached max_warmup={spec.max_warmup} before the ensemble converged (the "
                       f"last round's {stopping.describe(last)}); the draws may still be biased: check R-hat, or "
                       "raise max_warmup", ConvergenceWarning, stacklevel=4)
-    return _respec(run, runner, root, replace(spec, warmup=iterations, dense_mass=dense))
+    return _respec(run, runner, sink, replace(spec, warmup=iterations, dense_mass=dense))
 
 
-def _respec(run: RunContext, runner: Runner, root, spec: RunSpec) -> RunContext:
-    """The run (its runner, its store's attrs) with ``spec``."""
+def _respec(run: RunContext, runner: Runner, sink, spec: RunSpec) -> RunContext:
+    """The run (its runner, its sink's attrs) with ``spec``."""
     runner.spec = spec
     attrs = {**run.attrs, "dhmc_run_spec": json.dumps(asdict(spec))}
-    if root is not None:
-        root.attrs.update({"dhmc_run_spec": attrs["dhmc_run_spec"]})
+    sink.set_attrs({"dhmc_run_spec": attrs["dhmc_run_spec"]})
     return replace(run, spec=spec, attrs=attrs)
-
-
-def _monitor(run: RunContext, sink, root) -> ConvergenceMonitor:
-    """The run's convergence monitor (with ``draws="auto"``, the waves a resumed run had checked)."""
-    auto = run.spec.target_ess is not None and run.resume and root is not None
-    return ConvergenceMonitor(run.spec, sink, int(root.attrs.get("dhmc_auto_checked", 0)) if auto else 0)
 
 
 def _finish_auto(spec: RunSpec, sink, monitor: ConvergenceMonitor, kept: int) -> dict:
@@ -240,19 +207,3 @@ def _final_check(spec: RunSpec, monitor: ConvergenceMonitor) -> dict:
                       "chains disagree; sample longer (dhmc.extend), or use draws='auto'", ConvergenceWarning,
                       stacklevel=4)
     return {"dhmc_convergence": json.dumps(check)}
-
-
-def _start_positions(run: RunContext, root, positions) -> dict:
-    """``{chunk: (segment, positions)}``: where each chunk's sampling continues."""
-    geometry = run.spec.geometry
-    if not run.resume:
-        return {c: (0, positions[geometry.chunk(c).start:geometry.chunk(c).stop]) for c in range(geometry.num_chunks)}
-    from dhmc.storage import zarr_
-
-    done = zarr_.blocks_done(root)
-    starts = {}
-    for c in range(geometry.num_chunks):
-        chains = slice(geometry.chunk(c).start, geometry.chunk(c).stop)
-        seg = geometry.num_segments if done[c].all() else int(np.argmin(done[c]))
-        starts[c] = (seg, positions[chains] if seg == 0 else zarr_.segment_start_positions(root, seg, chains))
-    return starts

@@ -76,9 +76,9 @@ class ConvergenceMonitor:
         self.heads: dict[tuple[int, int], dict] = {}
         self.waves, self.stopped, self.last = checked, False, None
 
-    def add(self, chunk: int, segment: int, result: dict) -> None:
+    def add(self, chunk: int, segment: int, result) -> None:
         """Keep a finished block's first chains (the worker's ``head``, or its draws)."""
-        head = result.get("head") or result.get("posterior")
+        head = result.head_draws
         if head is not None:
             self.heads[chunk, segment] = {name: np.array(v[:self.k]) for name, v in head.items()}
 

@@ -9,7 +9,10 @@ anything more in that run: watching a run never stops it.
 from __future__ import annotations
 
 import logging
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from dhmc.distributed.worker import BlockResult
 
 __all__ = ["Observer", "Observers"]
 
@@ -27,13 +30,13 @@ class Observer(Protocol):
     def start_run(self, client, run_id: str, geometry) -> None:
         """The run ``run_id`` starts on ``client``, laid out as ``geometry`` (chains, draws, blocks)."""
 
-    def warmup_block(self, round_index: int, rounds: int, chunk: int, result: dict, chunks_done: int,
+    def warmup_block(self, round_index: int, rounds: int, chunk: int, result: BlockResult, chunks_done: int,
                      chunks: int) -> None:
-        """Chunk ``chunk`` finished warmup round ``round_index`` of ``rounds``; ``result`` is its block's record
-        (``seconds``, ``compile_seconds``, ``grad_evals``, ...)."""
+        """Chunk ``chunk`` finished warmup round ``round_index`` of ``rounds``; ``result`` is its block's
+        :class:`~dhmc.distributed.worker.BlockResult` (``seconds``, ``compile_seconds``, ``grad_evals``, ...)."""
 
-    def sample_block(self, chunk: int, segment: int, result: dict, chain_draws: int) -> None:
-        """Block ``(chunk, segment)`` is in the sink: ``result`` is its record, ``chain_draws`` its size."""
+    def sample_block(self, chunk: int, segment: int, result: BlockResult, chain_draws: int) -> None:
+        """Block ``(chunk, segment)`` is in the sink: ``result`` is its ``BlockResult``, ``chain_draws`` its size."""
 
     def convergence_check(self, check: dict) -> None:
         """The convergence monitor measured a wave (:meth:`dhmc.distributed.monitor.ConvergenceMonitor.measure`):

@@ -21,7 +21,7 @@ from dhmc.distributed import config, warmup
 from dhmc.distributed.health import Health
 from dhmc.distributed.observers import Observers
 from dhmc.distributed.spec import RunSpec
-from dhmc.distributed.worker import Job, run_job
+from dhmc.distributed.worker import BlockResult, Job, run_job
 
 RETRYABLE = ("CommClosedError", "FutureCancelledError", "CancelledError")  # lost, not crashed: sent again
 TICK = 1.0  # seconds between health checks while waiting
@@ -50,7 +50,7 @@ class Runner:
     dtype
         Dtype of the flat unconstrained position.
     sink
-        Where sampling blocks go (``dhmc.storage.sinks``): ``destination``, ``write``, ``close``.
+        Where sampling blocks go (a :class:`dhmc.storage.sinks.Sink`).
     observers
         The run's :class:`~dhmc.distributed.observers.Observers`, told as blocks finish.
     executables
@@ -114,10 +114,10 @@ class Runner:
                     block.retries += 1
                     continue
                 del blocks[block.tag]
-                self.timing["compile"] = max(self.timing["compile"], result["compile_seconds"])
+                self.timing["compile"] = max(self.timing["compile"], result.compile_seconds)
                 yield block.tag, result
 
-    def _result(self, block: _Block):
+    def _result(self, block: _Block) -> BlockResult | None:
         """The block's result, None for one to send again, or the error that ends the run."""
         future = block.future
         if future.status == "finished":
@@ -171,13 +171,13 @@ class Runner:
                 self._cancel(blocks)
             results = [results[c] for c in range(geometry.num_chunks)]
             for c, result in enumerate(results):
-                if "warmup_draws" in result:  # save_warmup
-                    self.sink.write_warmup(c, step.first, result["warmup_draws"])
-            end = np.concatenate([res["position"] for res in results])
-            record, end = policy.update(step, [res["stats"] for res in results], weights, positions, end)
+                if result.warmup_draws is not None:  # save_warmup
+                    self.sink.write_warmup(c, step.first, result.warmup_draws)
+            end = np.concatenate([res.position for res in results])
+            record, end = policy.update(step, [res.stats for res in results], weights, positions, end)
             history.append(record)
             rounds_timing.append({"phase": step.phase, "seconds": time.perf_counter() - started,
-                                  "block_seconds_max": max(res["seconds"] for res in results)})
+                                  "block_seconds_max": max(res.seconds for res in results)})
             positions = end
         self.timing["warmup"] = time.perf_counter() - start
         return positions, policy.final_params(), history
@@ -210,7 +210,7 @@ class Runner:
             first = spec.warmup + draws.start * spec.thinning
             job = self._job("sample", chunk, first, geometry.draws_per_segment, positions, params,
                             keep_draws=len(draws), store=self.sink.destination(chunk, segment),
-                            head_chains=monitor.k if self.store is not None else 0)
+                            head_chains=monitor.k if self.sink.workers_write else 0)
             blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
 
         def check_waves() -> bool:
@@ -235,10 +235,10 @@ class Runner:
             for (chunk, segment), result in self._finished(blocks):
                 t = time.perf_counter()
                 self.sink.write(chunk, segment, result)
-                self.timing["writing"] += time.perf_counter() - t + result.get("write_seconds", 0.0)
+                self.timing["writing"] += time.perf_counter() - t + result.write_seconds
                 done[chunk] = segment + 1
                 monitor.add(chunk, segment, result)
-                submit(chunk, segment + 1, result["position"])
+                submit(chunk, segment + 1, result.position)
                 size = len(geometry.chunk(chunk)) * len(geometry.segment(segment))
                 self.observers.tell("sample_block", chunk, segment, result, size)
                 if check_waves():
@@ -252,7 +252,7 @@ class Runner:
 
     def _drain(self, blocks: dict) -> None:
         """Let blocks that are writing to a store finish (a stopped run trims the store next)."""
-        if self.store is None or not blocks:
+        if not self.sink.workers_write or not blocks:
             return
         from distributed import wait
 

@@ -25,10 +25,10 @@ import numpy as np
 from dhmc.core.cold import ColdParams
 from dhmc.core.ensemble import KernelConfig, Params
 from dhmc.distributed import events
-from dhmc.distributed.program import build_program, compile_program, load_executable
+from dhmc.distributed.program import BlockInputs, build_program, compile_program, load_executable
 from dhmc.errors import ClusterError
 
-__all__ = ["Job", "run_job", "prepare_process", "dask_setup", "load_model"]
+__all__ = ["Job", "BlockResult", "run_job", "prepare_process", "dask_setup", "load_model"]
 
 _MODELS: dict[str, Any] = {}
 _PROGRAMS: dict[tuple, Any] = {}
@@ -67,6 +67,28 @@ class Job:
         last = self.first_iteration + span - 1
         return (f"{self.phase} block (chains {self.chain_start}-{self.chain_stop - 1}, iterations "
                 f"{self.first_iteration}-{last})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockResult:
+    """What a block sends back to the driver (and what observers are told of it)."""
+
+    position: np.ndarray = field(repr=False)  # the chains' end positions
+    seconds: float  # running the program (compile excluded)
+    compile_seconds: float
+    grad_evals: int  # gradient evaluations, all chains together
+    where: dict  # ``{"host": ..., "worker": ...}``: who ran it
+    stats: dict | None = field(default=None, repr=False)  # cold and warmup: the round's statistics
+    warmup_draws: dict | None = field(default=None, repr=False)  # ``save_warmup``: ``{name: draws}``
+    draws: dict | None = field(default=None, repr=False)  # sample, no store: ``{group: {name: draws}}``
+    written: dict | None = None  # sample, with a store: the shapes the worker wrote there
+    write_seconds: float = 0.0
+    head: dict | None = field(default=None, repr=False)  # with a store: the first chains' posterior draws
+
+    @property
+    def head_draws(self) -> dict | None:
+        """The block's posterior draws the convergence monitor reads (the head chains, or all of them)."""
+        return self.head if self.head is not None else (self.draws or {}).get("posterior")
 
 
 def _tune_malloc() -> None:
@@ -131,22 +153,22 @@ def _read(path: str | None) -> bytes | None:
         return None
 
 
-def _program(job: Job, model, args):
+def _program(job: Job, model, inputs: BlockInputs):
     key = (job.model_token, job.x64, job.config, job.phase, job.num_iterations if job.phase == "sample" else None,
-           tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)))
+           tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(inputs)))
     if key in _PROGRAMS:
         return _PROGRAMS[key], 0.0
     start = time.perf_counter()
     compiled = load_executable(_read(job.executable))
     if compiled is None:
-        compiled = compile_program(build_program(model, job.config, job.phase, job.num_iterations), args)
+        compiled = compile_program(build_program(model, job.config, job.phase, job.num_iterations), inputs)
     if len(_PROGRAMS) >= _CACHE_SIZE:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
     _PROGRAMS[key] = compiled
     return compiled, time.perf_counter() - start
 
 
-def run_job(job: Job) -> dict:
+def run_job(job: Job) -> BlockResult:
     """Run one block; return its end positions and statistics, and its draws unless it wrote them to the store."""
     if os.environ.get("DHMC_BLOCK_LOG"):  # an embedded worker's log file says what it ran, for crash reports
         sys.stderr.write(f"dhmc: {job.run_id} runs the {job.describe()}\n")
@@ -157,27 +179,25 @@ def run_job(job: Job) -> dict:
     kind = ColdParams if job.phase == "cold" else Params
     params = kind(*(jnp.asarray(job.params[k], dtype) for k in kind._fields))
     chains = jnp.arange(job.chain_start, job.chain_stop, dtype=jnp.uint32)
-    args = (jnp.uint32(job.seed), chains, jnp.asarray(job.positions, dtype), params, jnp.int32(job.first_iteration))
-    if job.phase == "cold":
-        args += (jnp.int32(job.num_iterations),)
-    if job.phase == "warmup":
-        args += (jnp.int32(job.num_iterations), jnp.bool_(job.adapt), jnp.bool_(job.collect_mass),
-                 jnp.bool_(job.find_step))
-    program, compile_seconds = _program(job, model, args)
+    inputs = BlockInputs(seed=jnp.uint32(job.seed), chains=chains, positions=jnp.asarray(job.positions, dtype),
+                         params=params, first=jnp.int32(job.first_iteration), iterations=jnp.int32(job.num_iterations),
+                         adapt=jnp.bool_(job.adapt), collect_mass=jnp.bool_(job.collect_mass),
+                         find_step=jnp.bool_(job.find_step))
+    program, compile_seconds = _program(job, model, inputs)
     start = time.perf_counter()
-    end, out = jax.tree.map(np.asarray, program(*args))
+    end, out = jax.tree.map(np.asarray, program(inputs))
     seconds = time.perf_counter() - start
-    result = {"position": end, "seconds": seconds, "compile_seconds": compile_seconds, "where": _where()}
     n = job.chain_stop - job.chain_start
+    out_fields = {}
     if job.phase == "cold":
-        result["stats"] = out._asdict() | {"moments": out.moments._asdict()}
+        out_fields["stats"] = out._asdict() | {"moments": out.moments._asdict()}
         # unadjusted: every step is kept (an undone, non-finite step counts as a divergence)
         grad_evals, acceptance, divergences = int(out.grad_evals), 1.0, int(out.nans)
     elif job.phase == "warmup":
         if job.config.record_warmup:
             out, recorded = out
-            result["warmup_draws"] = {k: v[:, :job.num_iterations] for k, v in recorded.items()}
-        result["stats"] = out._asdict() | {"mass": out.mass._asdict()}
+            out_fields["warmup_draws"] = {k: v[:, :job.num_iterations] for k, v in recorded.items()}
+        out_fields["stats"] = out._asdict() | {"mass": out.mass._asdict()}
         grad_evals, acceptance, divergences = int(out.grad_evals), float(out.acceptance_rate), int(out.divergences)
     else:
         kept = job.keep_draws
@@ -187,15 +207,16 @@ def run_job(job: Job) -> dict:
         acceptance = float(stats["acceptance_rate"].mean())
         divergences = int(stats["diverging"].sum())
         if job.store is None:
-            result.update(block)
+            out_fields["draws"] = block
         else:
             start = time.perf_counter()
-            result["written"] = job.store.write({**block, "position": end})
-            result["write_seconds"] = time.perf_counter() - start
+            out_fields["written"] = job.store.write({**block, "position": end})
+            out_fields["write_seconds"] = time.perf_counter() - start
             if job.head_chains:  # for the driver's convergence monitor
-                result["head"] = {k: np.array(v[:job.head_chains]) for k, v in block["posterior"].items()}
+                out_fields["head"] = {k: np.array(v[:job.head_chains]) for k, v in block["posterior"].items()}
     _record(job, n, grad_evals, seconds, compile_seconds, acceptance, divergences)
-    return result
+    return BlockResult(position=end, seconds=seconds, compile_seconds=compile_seconds, grad_evals=grad_evals,
+                       where=_where(), **out_fields)
 
 
 def _where() -> dict:

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dhmc.distributed.worker import BlockResult
 
 __all__ = ["DashboardLink", "Progress"]
 
@@ -48,13 +52,13 @@ class Progress:
                             dynamic_ncols=self.tty, ncols=None if self.tty else 120)
         return self.bar
 
-    def warmup_block(self, round_index: int, rounds: int, chunk: int, result: dict, chunks_done: int,
+    def warmup_block(self, round_index: int, rounds: int, chunk: int, result: BlockResult, chunks_done: int,
                      chunks: int) -> None:
         bar = self._phase("dhmc warmup", rounds * chunks, " blocks")
         bar.set_postfix_str(f"round {round_index + 1}/{rounds}", refresh=False)
         bar.update(1)
 
-    def sample_block(self, chunk: int, segment: int, result: dict, chain_draws: int) -> None:
+    def sample_block(self, chunk: int, segment: int, result: BlockResult, chain_draws: int) -> None:
         geometry = self.geometry
         total = geometry.chains * geometry.draws if geometry is not None else None
         self._phase("dhmc sampling", total, " chain-draws", scale=True).update(chain_draws)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dhmc.distributed.worker import BlockResult
 
 __all__ = ["DashboardPublisher"]
 
@@ -26,7 +30,7 @@ class DashboardPublisher:
 
         install(client)  # the per-worker metrics and the /dhmc page's plugin
 
-    def sample_block(self, chunk: int, segment: int, result: dict, chain_draws: int) -> None:
+    def sample_block(self, chunk: int, segment: int, result: BlockResult, chain_draws: int) -> None:
         geometry = self.geometry
         self.blocks_done += 1
         self.chain_draws += chain_draws

@@ -5,6 +5,7 @@ Both sinks follow :class:`Sink`, the one interface the driver, the runner and th
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
@@ -18,16 +19,21 @@ if TYPE_CHECKING:
     import xarray as xr
     import zarr
 
+    from dhmc.distributed.worker import BlockResult
+
 __all__ = ["Sink", "MemorySink", "StoreSink", "check_fits"]
 
 
 class Sink(Protocol):
-    """Where a run's finished blocks go (cut as the run's :class:`~dhmc.geometry.Geometry`)."""
+    """Where a run's finished blocks go (cut as the run's :class:`~dhmc.geometry.Geometry`), and everything else
+    the driver keeps of a run: its warmup, its attributes, where each chunk continues, the finished result."""
+
+    workers_write: bool  # the workers write their blocks' draws themselves (and send back only the head chains)
 
     def destination(self, chunk: int, segment: int):
         """What the worker is told to do with the block's draws (None: send them back)."""
 
-    def write(self, chunk: int, segment: int, result: dict) -> None:
+    def write(self, chunk: int, segment: int, result: BlockResult) -> None:
         """Take a finished sampling block: its draws, or the shapes the worker wrote."""
 
     def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
@@ -36,8 +42,23 @@ class Sink(Protocol):
     def head(self, chunk: int, segment: int, chains: int) -> dict:
         """``{name: draws}`` of a finished block's first ``chains`` chains."""
 
+    def saved_warmup(self, dtype) -> tuple[np.ndarray, dict, list[dict]] | None:
+        """A finished warmup's end positions, parameters and history (a resume); None: warm up."""
+
+    def save_warmup(self, positions: np.ndarray, params: dict, history: list[dict]) -> None:
+        """Keep the finished warmup, so that a resume skips it."""
+
+    def starts(self, positions: np.ndarray) -> dict[int, tuple[int, np.ndarray]]:
+        """``{chunk: (segment, positions)}``: where each chunk's sampling continues (``positions``: warmup's end)."""
+
+    def checked_waves(self) -> int:
+        """``draws="auto"``: the waves an earlier run measured without meeting the rule."""
+
     def checked(self, waves: int) -> None:
         """``draws="auto"``: the first ``waves`` waves were measured and did not meet the rule (for a resume)."""
+
+    def set_attrs(self, attrs: dict) -> None:
+        """The run's attributes changed (warmup chose the metric or the iterations): keep them for a resume."""
 
     def resize(self, geometry: Geometry, attrs: dict) -> None:
         """Hold ``geometry.draws`` draws per chain from now on (``draws="auto"`` stopped); ``attrs``: the new spec."""
@@ -48,6 +69,12 @@ class Sink(Protocol):
     def close(self) -> None:
         """Sampling ended or was interrupted (called once)."""
 
+    def finish(self, attrs: dict) -> xr.DataTree:
+        """The finished run, with ``attrs`` on every group."""
+
+    def release(self) -> None:
+        """The run ended, finished or not: let others have its store."""
+
 
 class MemorySink:
     """Blocks copied into NumPy arrays, which a DataTree wraps without copying.
@@ -57,8 +84,10 @@ class MemorySink:
     (``max_draws``): memory follows the draws taken, not the most that might be (a 501-D model at 1024 chains
     asked for 38 GiB for ``max_draws`` and stopped at 20 draws). The tree is built in a thread while the run goes
     on (its first build imports half of xarray's optional dependencies, ~0.5 s here), rebuilt at the end if the
-    arrays grew, and gets its attributes at the end.
+    arrays grew, and gets its attributes at the end. Nothing is kept for a resume.
     """
+
+    workers_write = False
 
     def __init__(self, layout: schema.Layout, geometry: Geometry, extra_groups: dict | None = None,
                  grow: bool = False):
@@ -79,14 +108,14 @@ class MemorySink:
     def destination(self, chunk: int, segment: int) -> None:
         return None
 
-    def write(self, chunk: int, segment: int, result: dict) -> None:
+    def write(self, chunk: int, segment: int, result: BlockResult) -> None:
         c0, draws = self.geometry.chunk(chunk).start, self.geometry.segment(segment)
         d0 = draws.start
         if draws.stop > self.capacity:
             self._grow(max(draws.stop, min(2 * self.capacity, self.geometry.draws)))
         for group, values in self.arrays.items():
             for name, array in values.items():
-                v = result[group][name]
+                v = result.draws[group][name]
                 array[c0:c0 + v.shape[0], d0:d0 + v.shape[1]] = v
 
     def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
@@ -101,8 +130,26 @@ class MemorySink:
         c0, draws = self.geometry.chunk(chunk).start, self.geometry.segment(segment)
         return {name: a[c0:c0 + chains, draws.start:draws.stop].copy() for name, a in self.arrays["posterior"].items()}
 
-    def checked(self, waves: int) -> None:
+    def saved_warmup(self, dtype) -> None:
+        return None
+
+    def save_warmup(self, positions: np.ndarray, params: dict, history: list[dict]) -> None:
         pass  # nothing to resume in memory
+
+    def starts(self, positions: np.ndarray) -> dict[int, tuple[int, np.ndarray]]:
+        return _from_the_start(self.geometry, positions)
+
+    def checked_waves(self) -> int:
+        return 0
+
+    def checked(self, waves: int) -> None:
+        pass
+
+    def set_attrs(self, attrs: dict) -> None:
+        pass  # given to the tree at the end
+
+    def release(self) -> None:
+        pass
 
     def resize(self, geometry: Geometry, attrs: dict) -> None:
         """Keep the first ``geometry.draws`` draws (copied, so that the arrays for ``max_draws`` are freed)."""
@@ -135,7 +182,7 @@ class MemorySink:
         self._tree = Future()
         self._tree.set_result(schema.to_datatree(self.layout, {**self.arrays, **self.warmup}, {}, self.extra))
 
-    def tree(self, attrs: dict) -> xr.DataTree:
+    def finish(self, attrs: dict) -> xr.DataTree:
         if self._stale:  # grown: the thread's tree wraps the first arrays
             self.arrays = {g: {k: a[:, :self.geometry.draws] for k, a in v.items()} for g, v in self.arrays.items()}
             self._stale = False
@@ -173,6 +220,10 @@ def check_fits(layout: schema.Layout, geometry: Geometry, position_bytes: int, i
                          "and they stream to disk, or take fewer chains or draws")
 
 
+def _from_the_start(geometry: Geometry, positions: np.ndarray) -> dict[int, tuple[int, np.ndarray]]:
+    return {c: (0, positions[geometry.chunk(c).start:geometry.chunk(c).stop]) for c in range(geometry.num_chunks)}
+
+
 def _first_capacity(geometry: Geometry, grow: bool) -> int:
     return min(geometry.draws, FIRST_SEGMENTS * geometry.draws_per_segment) if grow else geometry.draws
 
@@ -195,22 +246,73 @@ class StoreSink:
     """Blocks written by the workers that ran them; the driver checks each one and marks it done.
 
     Each chunk's segments are marked in order, so the store always holds a done prefix of every
-    chunk: what a resume continues from. The driver never holds a block's draws.
+    chunk: what a resume continues from. The driver never holds a block's draws. The store's lock
+    (for a local path) is held from before the store is created or reopened until :meth:`release`.
     """
 
-    def __init__(self, root: zarr.Group, path: str, layout: schema.Layout, geometry: Geometry, run_id: str):
+    workers_write = True
+
+    def __init__(self, root: zarr.Group, path: str, layout: schema.Layout, geometry: Geometry, run_id: str,
+                 lock=None):
         self.root, self.path, self.layout, self.geometry, self.run_id = root, path, layout, geometry, run_id
+        self.lock = lock
+
+    @classmethod
+    def create(cls, store, layout: schema.Layout, geometry: Geometry, run_id: str, *, dim: int, dtype, attrs: dict,
+               extra_groups: dict, overwrite: bool, inputs: dict | None = None,
+               params: dict | None = None) -> StoreSink:
+        """A new store at ``store`` for this run (``overwrite``: replacing a finished one), locked."""
+        from dhmc.storage import zarr_
+
+        def make():
+            root = zarr_.create_store(store, layout, geometry, dim, dtype, {**attrs, zarr_.OWNER: run_id},
+                                      extra_groups, overwrite)
+            if inputs:
+                zarr_.save_inputs(root, inputs)
+            if params is not None:
+                zarr_.save_initial_params(root, params)
+            return root
+
+        return cls._locked(store, layout, geometry, run_id, make)
+
+    @classmethod
+    def reopen(cls, store, layout: schema.Layout, geometry: Geometry, run_id: str) -> StoreSink:
+        """The store of a stopped run, to resume or extend, locked and owned by this run from now on."""
+        from dhmc.storage import zarr_
+
+        def reopen():
+            root, _ = zarr_.open_store(store)
+            root.attrs[zarr_.OWNER] = run_id  # a stopped run's blocks still out there no longer write here
+            return root
+
+        return cls._locked(store, layout, geometry, run_id, reopen)
+
+    @classmethod
+    def _locked(cls, store, layout, geometry, run_id, open_root) -> StoreSink:
+        lock = None
+        if "://" not in str(store):  # a local path (URLs have no lock)
+            from dhmc.storage.lock import StoreLock
+
+            lock = StoreLock(store, run_id).acquire()
+        try:
+            root = open_root()
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        path = str(store) if "://" in str(store) else os.path.abspath(store)  # as workers will see it
+        return cls(root, path, layout, geometry, run_id, lock)
 
     def destination(self, chunk: int, segment: int):
         from dhmc.storage.blocks import BlockDestination
 
         return BlockDestination(self.path, self.layout, self.geometry, chunk, segment, self.run_id)
 
-    def write(self, chunk: int, segment: int, result: dict) -> None:
+    def write(self, chunk: int, segment: int, result: BlockResult) -> None:
         from dhmc.storage.blocks import check_block, mark_done
 
-        check_block(self.layout, self.geometry, chunk, segment, result["written"], self.path)
-        mark_done(self.root, chunk, segment, result.get("where"))
+        check_block(self.layout, self.geometry, chunk, segment, result.written, self.path)
+        mark_done(self.root, chunk, segment, result.where)
 
     def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
         """The driver writes a warmup block's draws (warmup blocks report to it anyway)."""
@@ -226,8 +328,35 @@ class StoreSink:
 
         return read_head(self.root, self.layout, self.geometry, chunk, segment, chains)
 
+    def saved_warmup(self, dtype) -> tuple[np.ndarray, dict, list[dict]] | None:
+        from dhmc.storage import zarr_
+
+        return zarr_.load_warmup(self.root, dtype)
+
+    def save_warmup(self, positions: np.ndarray, params: dict, history: list[dict]) -> None:
+        from dhmc.storage import zarr_
+
+        zarr_.save_warmup(self.root, positions, params, history)
+
+    def starts(self, positions: np.ndarray) -> dict[int, tuple[int, np.ndarray]]:
+        """After the done prefix of each chunk: from the end positions of its last done segment."""
+        from dhmc.storage import zarr_
+
+        done, geometry, starts = zarr_.blocks_done(self.root), self.geometry, {}
+        for c, (_, mine) in _from_the_start(geometry, positions).items():
+            segment = geometry.num_segments if done[c].all() else int(np.argmin(done[c]))
+            chains = slice(geometry.chunk(c).start, geometry.chunk(c).stop)
+            starts[c] = (segment, mine if segment == 0 else zarr_.segment_start_positions(self.root, segment, chains))
+        return starts
+
+    def checked_waves(self) -> int:
+        return int(self.root.attrs.get("dhmc_auto_checked", 0))
+
     def checked(self, waves: int) -> None:
         self.root.attrs.update({"dhmc_auto_checked": int(waves)})
+
+    def set_attrs(self, attrs: dict) -> None:
+        self.root.attrs.update(attrs)
 
     def resize(self, geometry: Geometry, attrs: dict) -> None:
         from dhmc.storage.rewrite import resize
@@ -239,3 +368,15 @@ class StoreSink:
         from dhmc.storage.rewrite import trim_warmup
 
         self.layout = trim_warmup(self.root, self.layout, self.geometry.chains, iterations)
+
+    def finish(self, attrs: dict) -> xr.DataTree:
+        """``attrs`` on every group, the metadata consolidated; the store opened lazily as a tree."""
+        from dhmc.storage import rewrite, zarr_
+
+        rewrite.finish(self.root, attrs)
+        return zarr_.open_trace(self.path)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dhmc.core.ensemble import KernelConfig, Params
-from dhmc.distributed.program import build_program, program_args
+from dhmc.distributed.program import BlockInputs, build_program, program_args
 from dhmc.models.base import FlatModel
 
 DIM = 3
@@ -46,11 +46,10 @@ def _block(phase, config, seed, first_chain=0, first_iteration=0, step_size=0.0,
     positions = jax.random.normal(jax.random.PRNGKey(seed), (chains, DIM), jnp.float32)
     mass = jnp.eye(DIM, dtype=jnp.float32) if config.dense_mass else jnp.ones(DIM, jnp.float32)
     params = Params(jnp.float32(step_size), mass * (1.0 + seed / 10), jnp.float32(length))
-    args = (jnp.uint32(seed), jnp.arange(first_chain, first_chain + chains, dtype=jnp.uint32), positions, params,
-            jnp.int32(first_iteration))
-    if phase == "warmup":
-        n, adapt, collect_mass, find_step = warmup
-        args += (jnp.int32(n), jnp.bool_(adapt), jnp.bool_(collect_mass), jnp.bool_(find_step))
+    n, adapt, collect_mass, find_step = warmup if phase == "warmup" else (0, False, False, False)
+    args = BlockInputs(jnp.uint32(seed), jnp.arange(first_chain, first_chain + chains, dtype=jnp.uint32), positions,
+                       params, jnp.int32(first_iteration), jnp.int32(n), jnp.bool_(adapt), jnp.bool_(collect_mass),
+                       jnp.bool_(find_step))
     abstract = program_args(phase, chains, DIM, jnp.float32, config.dense_mass)
     avals = lambda tree: (jax.tree.structure(tree), [(a.shape, a.dtype) for a in jax.tree.leaves(tree)])
     assert avals(args) == avals(abstract)
@@ -61,11 +60,11 @@ def test_a_warmup_block_program_traces_once_for_every_round():
     logdensity = CountedGaussian()
     config = KernelConfig(kind="mams", dense_mass=True, record_warmup=4)
     program = jax.jit(build_program(_model(logdensity), config, "warmup", 4))
-    first, _ = program(*_block("warmup", config, seed=0))
+    first, _ = program(_block("warmup", config, seed=0))
     traces = logdensity.traces
     assert traces > 0
     # the next round: other seed, chains, positions, parameters, first iteration, length and flags
-    second, _ = program(*_block("warmup", config, seed=1, first_chain=CHAINS, first_iteration=4, step_size=0.3,
+    second, _ = program(_block("warmup", config, seed=1, first_chain=CHAINS, first_iteration=4, step_size=0.3,
                                 length=1.5, warmup=(3, False, True, False)))
     assert logdensity.traces == traces
     assert not np.array_equal(first, second)
@@ -75,12 +74,12 @@ def test_a_sample_block_program_traces_once_per_block_shape():
     logdensity = CountedGaussian()
     config = KernelConfig(kind="chees", thinning=2, step_jitter=0.2)
     program = jax.jit(build_program(_model(logdensity), config, "sample", 5))
-    first, _ = program(*_block("sample", config, seed=0, first_iteration=100, step_size=0.4, length=1.2))
+    first, _ = program(_block("sample", config, seed=0, first_iteration=100, step_size=0.4, length=1.2))
     traces = logdensity.traces
     assert traces > 0
-    second, _ = program(*_block("sample", config, seed=1, first_chain=CHAINS, first_iteration=110, step_size=0.5,
+    second, _ = program(_block("sample", config, seed=1, first_chain=CHAINS, first_iteration=110, step_size=0.5,
                                 length=2.0))
     assert logdensity.traces == traces
     assert not np.array_equal(first, second)
-    program(*_block("sample", config, seed=0, step_size=0.4, length=1.2, chains=2))  # another shape: traced anew
+    program(_block("sample", config, seed=0, step_size=0.4, length=1.2, chains=2))  # another shape: traced anew
     assert logdensity.traces == 2 * traces

@@ -47,8 +47,9 @@ def test_the_monitor_measures_every_scalar_and_flags_disagreeing_chains():
     for seg in range(4):
         for chunk in range(4):
             x = rng.normal(size=(8, 50, 2, 2))
-            ok.add(chunk, seg, {"posterior": {"x": x, "s": x[..., 0, 0]}})
-            stuck.add(chunk, seg, {"posterior": {"x": x + (3.0 if chunk == 0 else 0.0), "s": x[..., 0, 0]}})
+            ok.add(chunk, seg, SimpleNamespace(head_draws={"x": x, "s": x[..., 0, 0]}))
+            shifted = x + (3.0 if chunk == 0 else 0.0)
+            stuck.add(chunk, seg, SimpleNamespace(head_draws={"x": shifted, "s": x[..., 0, 0]}))
     good, bad = ok.measure(4), stuck.measure(4)
     assert list(good["params"]) == ["x[0,0]", "x[0,1]", "x[1,0]", "x[1,1]", "s"]
     assert good["max_split_rhat"] < 1.02 and good["max_nested_rhat"] < 1.02 and good["draws"] == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dhmc.distributed.worker import BlockResult
 from dhmc.geometry import Geometry
 from dhmc.storage import schema
 from dhmc.storage.sinks import FIRST_SEGMENTS, MemorySink
@@ -14,10 +15,11 @@ LAYOUT = schema.Layout(posterior={"x": schema.VariableSpec((3,), "float32", ("x_
                        sample_stats={"diverging": schema.VariableSpec((), "bool", ())})
 
 
-def _block(chunk: int, segment: int) -> dict:
+def _block(chunk: int, segment: int) -> BlockResult:
     value = np.float32(100 * chunk + segment)
-    return {"posterior": {"x": np.full((4, 10, 3), value, np.float32)},
-            "sample_stats": {"diverging": np.full((4, 10), segment % 2 == 1)}}
+    return BlockResult(position=np.zeros((4, 3), np.float32), seconds=0.0, compile_seconds=0.0, grad_evals=0, where={},
+                       draws={"posterior": {"x": np.full((4, 10, 3), value, np.float32)},
+                              "sample_stats": {"diverging": np.full((4, 10), segment % 2 == 1)}})
 
 
 def _nbytes(sink: MemorySink) -> int:
@@ -34,7 +36,7 @@ def test_an_auto_run_holds_the_segments_taken_and_keeps_every_draw_written():
     x = sink.arrays["posterior"]["x"]
     assert x[0, 85, 0] == 8 and x[5, 0, 2] == 100 and np.isnan(x[0, 90:]).all()
     sink.resize(Geometry(chains=8, draws=90, chains_per_task=4, draws_per_segment=10), {})
-    tree = sink.tree({"run": "r"})
+    tree = sink.finish({"run": "r"})
     assert tree["posterior"].sizes["draw"] == 90 and tree["posterior"].attrs["run"] == "r"
     np.testing.assert_array_equal(tree["posterior"]["x"].values[:4, ::10, 0], np.tile(np.arange(9.0), (4, 1)))
     np.testing.assert_array_equal(tree["sample_stats"]["diverging"].values[4, ::10], np.arange(9) % 2 == 1)
@@ -46,7 +48,7 @@ def test_an_auto_run_that_reaches_max_draws_returns_all_of_them():
     for segment in range(5):
         for chunk in (0, 1):
             sink.write(chunk, segment, _block(chunk, segment))
-    tree = sink.tree({})
+    tree = sink.finish({})
     assert sink.capacity == 50 and tree["posterior"].sizes["draw"] == 50
     assert not np.isnan(tree["posterior"]["x"].values).any()
 
