@@ -77,7 +77,7 @@ def _check_blocks(root, layout, spec: RunSpec, path, extending: bool) -> None:
         return
     if extending:
         raise StoreError(f"{integrity.describe(damaged, path)}: dhmc resume {path} runs them again, then extend it")
-    integrity.unmark(root, damaged)
+    integrity.unmark(root, spec.geometry, damaged)
     logging.getLogger("dhmc").warning("%s: this resume runs them again", integrity.describe(damaged, path))
 
 

@@ -11,6 +11,7 @@ embedded cluster, which records them) and for a run in which no block finished f
 
 from __future__ import annotations
 
+import queue
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -70,6 +71,8 @@ class Runner:
         self.max_retries = int(config.get("allowed-failures"))
         self.health = Health(client, spec.model, self.run_id, store)
         self.compiled_dense = bool(spec.dense_mass)
+        self._arrived: queue.SimpleQueue = queue.SimpleQueue()  # futures as they finish (their done callbacks)
+        self._live: dict[str, _Block] = {}  # the blocks submitted and not yet taken, by their futures' keys
 
     # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
@@ -89,33 +92,57 @@ class Runner:
             return None
 
     def _submit(self, job: Job, key: str, tag) -> _Block:
-        future = self.client.submit(run_job, job, key=f"{key}-{uuid.uuid4().hex[:6]}", pure=False, retries=0)
-        return _Block(job, key, future, tag)
+        block = _Block(job, key, None, tag)
+        self._send(block)
+        return block
+
+    def _send(self, block: _Block) -> None:
+        """Submit the block's job (again, after a lost connection) as a new future, watched until it finishes."""
+        block.future = self.client.submit(run_job, block.job, key=f"{block.key}-{uuid.uuid4().hex[:6]}", pure=False,
+                                          retries=0)
+        self._live[block.future.key] = block
+        block.future.add_done_callback(self._arrived.put)
 
     def _finished(self, blocks: dict):
-        """Yield ``(tag, result)`` as the blocks in ``blocks`` (keyed by tag) finish; may add blocks meanwhile."""
-        from distributed import wait
+        """Yield lists of ``(tag, result)`` as the blocks in ``blocks`` (keyed by tag) finish, each list the blocks
+        that arrived together (their results fetched in one request); ``blocks`` may grow meanwhile.
 
+        Each finished future reports itself once (a done callback), so waiting costs the same whatever the number
+        of blocks out: no pass over them per block.
+        """
         last = time.monotonic()
         while blocks:
             try:
-                with self.client.as_current():
-                    done, _ = wait([b.future for b in blocks.values()], timeout=TICK, return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                done = ()
-            if not done:
+                arrived = [self._arrived.get(timeout=TICK)]
+            except queue.Empty:
                 self.health.check((b.job for b in blocks.values()), time.monotonic() - last)
                 continue
+            while not self._arrived.empty():
+                arrived.append(self._arrived.get())
+            ready = [self._live.pop(f.key) for f in arrived if f.key in self._live and self._live[f.key].future is f]
+            if not ready:  # a cancelled block of an earlier round, or a future sent again
+                continue
             last = time.monotonic()
-            for block in [b for b in list(blocks.values()) if b.future in done]:
-                result = self._result(block)
+            batch = []
+            for block, result in self._results(ready):
                 if result is None:  # lost to a dropped connection: sent again
-                    block.future = self._submit(block.job, block.key, block.tag).future
                     block.retries += 1
+                    self._send(block)
                     continue
                 del blocks[block.tag]
                 self.timing["compile"] = max(self.timing["compile"], result.compile_seconds)
-                yield block.tag, result
+                batch.append((block.tag, result))
+            if batch:
+                yield batch
+
+    def _results(self, ready: list[_Block]) -> list[tuple[_Block, BlockResult | None]]:
+        """The blocks' results: those that finished, in one request; the others one by one (see :meth:`_result`)."""
+        finished = [b for b in ready if b.future.status == "finished"]
+        try:
+            values = dict(zip(map(id, finished), self.client.gather([b.future for b in finished]), strict=True))
+        except Exception:  # noqa: BLE001 - one was lost meanwhile: each on its own, as the others are
+            values = {}
+        return [(b, values[id(b)] if id(b) in values else self._result(b)) for b in ready]
 
     def _result(self, block: _Block) -> BlockResult | None:
         """The block's result, None for one to send again, or the error that ends the run."""
@@ -163,10 +190,11 @@ class Runner:
                 blocks[c] = self._submit(job, f"{self.run_id}-{step.phase}-{step.index}-{c}", c)
             results = {}
             try:
-                for c, result in self._finished(blocks):
-                    results[c] = result
-                    self.observers.tell("warmup_block", step.index, max(rounds, step.index + 1), c, result,
-                                        len(results), geometry.num_chunks)
+                for batch in self._finished(blocks):
+                    for c, result in batch:
+                        results[c] = result
+                        self.observers.tell("warmup_block", step.index, max(rounds, step.index + 1), c, result,
+                                            len(results), geometry.num_chunks)
             finally:
                 self._cancel(blocks)
             results = [results[c] for c in range(geometry.num_chunks)]
@@ -232,15 +260,19 @@ class Runner:
                 return monitor.waves + 1  # a resumed run whose waves already meet the rule
             for chunk, (segment, positions) in sorted(start_positions.items()):
                 submit(chunk, segment, positions)
-            for (chunk, segment), result in self._finished(blocks):
+            for batch in self._finished(blocks):
+                for (chunk, segment), result in batch:
+                    t = time.perf_counter()
+                    self.sink.write(chunk, segment, result)
+                    self.timing["writing"] += time.perf_counter() - t + result.write_seconds
+                    done[chunk] = segment + 1
+                    monitor.add(chunk, segment, result)
+                    submit(chunk, segment + 1, result.position)
+                    size = len(geometry.chunk(chunk)) * len(geometry.segment(segment))
+                    self.observers.tell("sample_block", chunk, segment, result, size)
                 t = time.perf_counter()
-                self.sink.write(chunk, segment, result)
-                self.timing["writing"] += time.perf_counter() - t + result.write_seconds
-                done[chunk] = segment + 1
-                monitor.add(chunk, segment, result)
-                submit(chunk, segment + 1, result.position)
-                size = len(geometry.chunk(chunk)) * len(geometry.segment(segment))
-                self.observers.tell("sample_block", chunk, segment, result, size)
+                self.sink.flush()  # the batch's done flags, in one write
+                self.timing["writing"] += time.perf_counter() - t
                 if check_waves():
                     self._drain(blocks)
                     return monitor.waves + 1
@@ -264,6 +296,8 @@ class Runner:
 
     def _cancel(self, blocks: dict) -> None:
         """Cancel blocks still queued or running (a run that ended early leaves no work behind)."""
+        for block in blocks.values():
+            self._live.pop(block.future.key, None)
         if blocks:
             try:
                 self.client.cancel([b.future for b in blocks.values()])

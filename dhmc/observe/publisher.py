@@ -12,13 +12,15 @@ if TYPE_CHECKING:
 __all__ = ["DashboardPublisher"]
 
 MAX_ROWS = 256  # parameters sent with each record: the worst by R-hat and by ESS (a model may have 10^5 scalars)
+EVERY = 0.5  # seconds between two records while blocks finish (a thousand workers finish thousands a second)
 
 
 class DashboardPublisher:
     """An observer of one run (:class:`dhmc.Observer`) that feeds the /dhmc page.
 
     Its convergence table is the run's :class:`~dhmc.distributed.monitor.ConvergenceMonitor`'s last
-    measurement: the numbers the progress bar and ``draws="auto"`` use too.
+    measurement: the numbers the progress bar and ``draws="auto"`` use too. Blocks are published at most every
+    :data:`EVERY` seconds, and the last one always.
     """
 
     def start_run(self, client, run_id: str, geometry) -> None:
@@ -26,6 +28,7 @@ class DashboardPublisher:
         self.blocks_done, self.chain_draws, self.started = 0, 0, time.perf_counter()
         self.record: dict | None = None
         self.convergence: dict = {}
+        self.published, self.unpublished = -math.inf, False
         from dhmc.observe.metrics import install
 
         install(client)  # the per-worker metrics and the /dhmc page's plugin
@@ -40,7 +43,11 @@ class DashboardPublisher:
             "draws_done": self.chain_draws, "draws_total": geometry.chains * geometry.draws,
             "elapsed_s": time.perf_counter() - self.started, "convergence": self.convergence,
         }
-        self._publish()
+        last = self.blocks_done == self.record["blocks_total"]
+        if last or time.perf_counter() - self.published >= EVERY:
+            self._publish()
+        else:
+            self.unpublished = True
 
     def convergence_check(self, check: dict) -> None:
         """Publish each parameter's R-hat and ESS; with ``draws="auto"`` also ``auto`` (min ESS, target, draws left)."""
@@ -51,10 +58,16 @@ class DashboardPublisher:
                 self.record["auto"] = {k: v for k, v in check.items() if k != "params"}
             self._publish()
 
+    def close(self) -> None:
+        """The run ended: its last record, if not sent yet."""
+        if self.unpublished:
+            self._publish()
+
     def _publish(self) -> None:
         from dhmc.observe.dashboard import publish_progress
 
         publish_progress(self.client, dict(self.record, published_at=time.time()))
+        self.published, self.unpublished = time.perf_counter(), False
 
 
 def _worst(params: dict, rows: int) -> dict:

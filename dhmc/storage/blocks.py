@@ -3,7 +3,7 @@
 A block is one chunk of chains by one segment of draws (:class:`~dhmc.geometry.Geometry`): one Zarr
 chunk of every array, so each block is written by one writer, exactly once, into chunks nobody else
 touches. The driver
-marks it done (:func:`mark_done`) only after the worker reported its write.
+marks it done (:class:`DoneFlags`) only after the worker reported its write.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dhmc.geometry import Geometry
 from dhmc.storage.schema import Layout
 from dhmc.storage.zarr_ import INTERNAL, OWNER, WHERE, StoreError
 
-__all__ = ["BlockDestination", "block_shapes", "check_block", "check_owner", "mark_done", "read_head"]
+__all__ = ["BlockDestination", "DoneFlags", "block_shapes", "check_block", "check_owner", "read_head"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class BlockDestination:
 
     ``path`` must be reachable from the worker: a local path for the embedded cluster, the shared
     filesystem under Slurm. The driver marks the block done only after the worker
-    reported its write (:func:`mark_done`), so a block interrupted mid-write is written again on resume.
+    reported its write (:class:`DoneFlags`), so a block interrupted mid-write is written again on resume.
     """
 
     path: str
@@ -100,12 +100,39 @@ def check_block(layout: Layout, geometry: Geometry, chunk: int, segment: int, sh
                          f"{expected.get(wrong[0], (chains, '...'))}; nothing of it was marked done")
 
 
-def mark_done(root: zarr.Group, chunk: int, segment: int, where: dict | None = None) -> None:
-    """Mark a block done, after its draws and end positions are in the store; ``where``: its host and worker."""
-    for name, value in (where or {}).items():
-        if name in WHERE and name in root[INTERNAL]:  # a store of an older dhmc has no such record
-            root[f"{INTERNAL}/{name}"][chunk, segment] = str(value)
-    root[f"{INTERNAL}/done"][chunk, segment] = 1
+class DoneFlags:
+    """A store's done flags, and the host and worker that ran each block: marked here, written in batches.
+
+    The driver marks each block as its result arrives and writes every mark since the last :meth:`flush` at
+    once, one write per array (the flags are chunked by segment: one file per array holds a segment's flags for
+    every chunk), so the store's small-file writes per block fall from three to a few per batch. The host and
+    worker go first and the flags last: a flag on disk means its block is whole. A mark not yet flushed when the
+    driver dies only makes a resume run its block again, bitwise as it was.
+    """
+
+    def __init__(self, root: zarr.Group):
+        internal = root[INTERNAL]
+        names = [n for n in WHERE if n in internal]  # a store of an older dhmc has no such record
+        self.where = {n: internal[n] for n in names}
+        self.done = internal["done"]
+        self.pending: dict[tuple[int, int], dict] = {}
+
+    def mark(self, chunk: int, segment: int, where: dict | None = None) -> None:
+        """Block ``(chunk, segment)`` is whole on disk (``where``: its host and worker)."""
+        self.pending[chunk, segment] = where or {}
+
+    def flush(self) -> int:
+        """Write the marks made since the last flush; return how many."""
+        if not self.pending:
+            return 0
+        blocks, pending = list(self.pending), self.pending
+        self.pending = {}
+        rows, columns = (np.array(axis) for axis in zip(*blocks, strict=True))
+        for name, array in self.where.items():
+            values = np.array([str(pending[b].get(name, "")) for b in blocks], dtype=object)
+            array.set_coordinate_selection((rows, columns), values)
+        self.done.set_coordinate_selection((rows, columns), np.ones(len(blocks), np.uint8))
+        return len(blocks)
 
 
 def read_head(root: zarr.Group, layout: Layout, geometry: Geometry, chunk: int, segment: int, chains: int) -> dict:

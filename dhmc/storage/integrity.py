@@ -98,11 +98,17 @@ def describe(damaged: dict[tuple[int, int], str], path) -> str:
     return f"{len(damaged)} block(s) of {path} marked done are damaged (the first, chunk {c} segment {s}: {what})"
 
 
-def unmark(root: zarr.Group, blocks) -> None:
-    """Mark ``blocks`` not done (their flags rewritten whole): a resume runs them again."""
-    done = root[f"{INTERNAL}/done"]
+def unmark(root: zarr.Group, geometry: Geometry, blocks) -> None:
+    """Mark ``blocks`` not done: a resume runs them again. Each flag file touched is rewritten whole (one may be
+    unreadable), with the flags :func:`read_done` could read."""
+    array = root[f"{INTERNAL}/done"]
+    done, _ = read_done(root, geometry)
     for c, s in blocks:
-        done[c, s] = 0
+        done[c, s] = False
+    rows, columns = array.chunks
+    for c0, s0 in {(c // rows * rows, s // columns * columns) for c, s in blocks}:
+        part = (slice(c0, c0 + rows), slice(s0, s0 + columns))
+        array[part] = done[part].astype(np.uint8)
 
 
 def _compressed(array) -> bool:

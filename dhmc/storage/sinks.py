@@ -66,8 +66,11 @@ class Sink(Protocol):
     def trim_warmup(self, iterations: int) -> None:
         """``save_warmup`` with ``warmup="auto"``: keep the ``iterations`` warmup ran."""
 
+    def flush(self) -> None:
+        """Make the blocks taken so far durable (a batch of results arrived; the runner calls it after each)."""
+
     def close(self) -> None:
-        """Sampling ended or was interrupted (called once)."""
+        """Sampling ended or was interrupted (called once): flushed."""
 
     def finish(self, attrs: dict) -> xr.DataTree:
         """The finished run, with ``attrs`` on every group."""
@@ -122,6 +125,9 @@ class MemorySink:
         c0 = self.geometry.chunk(chunk).start
         for name, v in draws.items():
             self.warmup["warmup_posterior"][name][c0:c0 + v.shape[0], first:first + v.shape[1]] = v
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -254,8 +260,10 @@ class StoreSink:
 
     def __init__(self, root: zarr.Group, path: str, layout: schema.Layout, geometry: Geometry, run_id: str,
                  lock=None):
+        from dhmc.storage.blocks import DoneFlags
+
         self.root, self.path, self.layout, self.geometry, self.run_id = root, path, layout, geometry, run_id
-        self.lock = lock
+        self.lock, self.flags = lock, DoneFlags(root)
 
     @classmethod
     def create(cls, store, layout: schema.Layout, geometry: Geometry, run_id: str, *, dim: int, dtype, attrs: dict,
@@ -309,10 +317,11 @@ class StoreSink:
         return BlockDestination(self.path, self.layout, self.geometry, chunk, segment, self.run_id)
 
     def write(self, chunk: int, segment: int, result: BlockResult) -> None:
-        from dhmc.storage.blocks import check_block, mark_done
+        """Check the shapes the worker wrote; mark the block done (on disk at the next :meth:`flush`)."""
+        from dhmc.storage.blocks import check_block
 
         check_block(self.layout, self.geometry, chunk, segment, result.written, self.path)
-        mark_done(self.root, chunk, segment, result.where)
+        self.flags.mark(chunk, segment, result.where)
 
     def write_warmup(self, chunk: int, first: int, draws: dict) -> None:
         """The driver writes a warmup block's draws (warmup blocks report to it anyway)."""
@@ -320,8 +329,11 @@ class StoreSink:
         for name, v in draws.items():
             self.root[f"warmup_posterior/{name}"][c0:c0 + v.shape[0], first:first + v.shape[1]] = v
 
+    def flush(self) -> None:
+        self.flags.flush()
+
     def close(self) -> None:
-        pass
+        self.flags.flush()
 
     def head(self, chunk: int, segment: int, chains: int) -> dict:
         from dhmc.storage.blocks import read_head
@@ -359,10 +371,12 @@ class StoreSink:
         self.root.attrs.update(attrs)
 
     def resize(self, geometry: Geometry, attrs: dict) -> None:
+        from dhmc.storage.blocks import DoneFlags
         from dhmc.storage.rewrite import resize
 
+        self.flags.flush()
         resize(self.root, self.layout, self.geometry, geometry, attrs)
-        self.geometry = geometry
+        self.geometry, self.flags = geometry, DoneFlags(self.root)  # the arrays' new shapes
 
     def trim_warmup(self, iterations: int) -> None:
         from dhmc.storage.rewrite import trim_warmup

@@ -147,10 +147,11 @@ def create_store(path, layout: Layout, geometry: Geometry, dim: int, float_dtype
             g.create_array(name, data=np.asarray(value), dimension_names=list(dims))
     internal = root.create_group(INTERNAL)
     blocks = (geometry.num_chunks, geometry.num_segments)
-    internal.create_array("done", shape=blocks, chunks=(1, 1), dtype="uint8",
+    by_segment = (geometry.num_chunks, 1)  # the driver writes a batch of flags at once (blocks.DoneFlags)
+    internal.create_array("done", shape=blocks, chunks=by_segment, dtype="uint8",
                           fill_value=0, dimension_names=["chunk", "segment"])
     for name in WHERE:  # which host and worker ran each block, for a user to see where the work went
-        internal.create_array(name, shape=blocks, chunks=(1, 1), dtype=str,
+        internal.create_array(name, shape=blocks, chunks=by_segment, dtype=str,
                               fill_value="", dimension_names=["chunk", "segment"])
     internal.create_array("position", shape=(chains, geometry.num_segments, dim), chunks=(cpt, 1, dim),
                           dtype=str(np.dtype(float_dtype)), fill_value=np.nan,
