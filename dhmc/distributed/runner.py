@@ -77,8 +77,9 @@ class Runner:
     # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
         chains = self.spec.geometry.chunk(chunk)
-        return Job(self.run_id, self.token, self.blob, self.spec.x64, self.spec.kernel_config(phase), self.spec.seed,
-                   phase, chains.start, chains.stop, first, n, positions, params,
+        return Job(run_id=self.run_id, model_token=self.token, model_blob=self.blob, x64=self.spec.x64,
+                   config=self.spec.kernel_config(phase), seed=self.spec.seed, phase=phase, chain_start=chains.start,
+                   chain_stop=chains.stop, first_iteration=first, num_iterations=n, positions=positions, params=params,
                    executable=self._executable(phase, len(chains)), **kw)
 
     def _executable(self, phase: str, chains: int) -> str | None:
