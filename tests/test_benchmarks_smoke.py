@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
-MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run"]
+MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run", "scale"]
 
 
 def _run(module, args, timeout):
@@ -161,3 +161,90 @@ def test_run_quick_writes_every_result(tmp_path):
     assert all("error" not in r for r in runs)
     dhmc = [r for r in runs if r["method"] == "dhmc"]
     assert all(r["warm_s"] > 0 and "compile" in r["dhmc_timing_cold"] for r in dhmc)
+
+
+def test_scale_accounting_from_a_fake_run():
+    """``scale``'s pure parts: a store path's kind and pattern, the latencies from a task stream and the observer's
+    arrivals, the block's CPU figures from the observer's marks, and the W_max model."""
+    from benchmarks import scale
+
+    assert [scale.store_kind(p) for p in ("posterior/x/c/3/0/0", "sample_stats/lp/c/3/0", "posterior/chain/c/0",
+                                          "dhmc/done/c/3/0", "dhmc/host/c/1/2", "dhmc/position/c/3/0/0", "zarr.json",
+                                          "dhmc/done/zarr.3af84c2741864d7aa2c6f9270fc9022f.partial", ".zgroup")] == \
+        ["draws", "draws", "coords", "done", "host", "position", "metadata", "metadata", "other"]
+    assert scale._pattern("posterior/x/c/3/0/0.e9685872e9f5402dbbbdb2d50823ef5e.partial") == "posterior/x/c/N/N/N.*.partial"
+
+    t0 = 1000.0  # chunk 0: segment 0 computes 1.00-1.10 s, reaches the driver at 1.15, segment 1 starts at 1.20
+    stream = [{"key": "dhmc-ab-sample-0-0-1f2e3d", "worker": "w1",
+               "startstops": [{"action": "compute", "start": t0 + 1.0, "stop": t0 + 1.1}]},
+              {"key": "dhmc-ab-sample-0-1-4c5b6a", "worker": "w1",
+               "startstops": [{"action": "compute", "start": t0 + 1.2, "stop": t0 + 1.3}]},
+              {"key": "dhmc-zz-sample-0-0-aaaaaa", "worker": "w2",  # another run's task
+               "startstops": [{"action": "compute", "start": t0, "stop": t0 + 5}]}]
+    client = SimpleNamespace(get_task_stream=lambda start=None: stream)
+    watch = SimpleNamespace(run_id="dhmc-ab", t0=t0, blocks=[{"chunk": 0, "segment": 0, "received": t0 + 1.15},
+                                                             {"chunk": 0, "segment": 1, "received": t0 + 1.4}])
+    lat = scale._latency(client, watch)
+    assert lat["workers_used"] == 1
+    got = {k: v["median_ms"] for k, v in lat["latency"].items()}
+    assert got["turnaround"] == pytest.approx(100) and got["submit_to_start"] == pytest.approx(50)
+    assert got["to_driver"] == pytest.approx(75) and got["worker_idle_gap"] == pytest.approx(100)
+    assert got["task_compute"] == pytest.approx(100)
+
+    mark = lambda wall, driver, main, sched: {"wall": wall, "driver": driver, "driver_main": main, "fs_calls": 0,
+                                              "scheduler": sched, "hosts": 0.0}
+    watch = SimpleNamespace(k={25: "q1", 75: "q3"}, checks=[{"after_block": 30, "cpu_s": 0.2}],
+                            marks={"start_run": mark(0, 0, 0, 0), "q1": mark(1, 0.1, 0.05, 0.1),
+                                   "q3": mark(3, 0.5, 0.35, 0.35), "last": mark(4, 0.6, 0.4, 0.45)})
+    rates = scale._rates(watch, 100, {}, {"scheduler": [1], "hosts": [2]})
+    assert rates["steady"]["driver_cpu_ms_per_block"] == pytest.approx(4.0)  # (0.4 s - 0.2 s of checks) / 50
+    assert rates["steady"]["scheduler_cpu_ms_per_block"] == pytest.approx(5.0)
+    assert rates["steady"]["wall_ms_per_block"] == pytest.approx(40.0)
+    record = {"workers": 128, "idle": {"scheduler": 0.05}, "memory": {**rates, "driver_bound": True}}
+    scale._less_idle(record)
+    assert record["memory"]["steady"]["scheduler_cpu_ms_per_block_less_idle"] == pytest.approx(5.0 - 2.0)
+    m = scale.model([record])["memory"]
+    assert m["driver_w_max"] == {"0.5": pytest.approx(125), "5.0": pytest.approx(1250)}
+    assert m["driver_loop_wall_w_max"]["5.0"] == pytest.approx(125) and m["driver_bound"]
+    assert "W_max" in scale.model_text(scale.model([record]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_scale_quick_runs_the_driver_on_a_cluster(tmp_path):
+    """``python -m benchmarks.scale --quick``: a real scheduler and 1, then 8 real workers in worker hosts, dhmc's
+    driver on them with and without a store, the warmup barrier with a slow worker; every process gone after.
+
+    About 1.5 minutes on two quiet cores.
+    """
+    import psutil
+
+    out = tmp_path / "scale.json"
+    stdout = _run("scale", ["--quick", "--out", out], 1100)
+    payload = json.loads(out.read_text())
+    assert payload["benchmark"] == "scale" and "cpu" in payload["machine"]
+    assert [r["workers"] for r in payload["runs"]] == [1, 8]
+    for r in payload["runs"]:
+        assert "error" not in r, r
+        for mode in ("memory", "store"):
+            run = r[mode]
+            assert run["blocks"] == run["chunks"] * run["segments"] >= 48
+            assert run["blocks_compiled"] == 0  # the programs were compiled before the timed runs
+            assert run["blocks_per_s"] > 0 and run["steady"]["driver_cpu_ms_per_block"] > 0
+            assert run["steady"]["scheduler_cpu_ms_per_block"] >= 0
+            assert run["latency"]["turnaround"]["n"] > 0
+        files = r["store"]["store_files"]["by_kind"]
+        assert files["done"] == files["position"] == r["store"]["blocks"]  # a done flag and end positions per block
+        assert r["store"]["store_calls"]["driver_per_block"]["rename:done"] == pytest.approx(1.0)
+    barrier = payload["runs"][1]["barrier"]
+    assert len(barrier["slow"]["rounds"]) == len(barrier["even"]["rounds"]) >= 1
+    assert payload["model"]["from_workers"] == 8 and "driver_w_max" in payload["model"]["store"]
+    assert "W_max" in stdout and "\nCPU: " in stdout
+    orphans = []  # a scheduler, worker host or driver of a benchmark whose process is gone
+    for p in psutil.process_iter(["cmdline"]):
+        argv = p.info["cmdline"] or []
+        if "--role" in argv and any(str(a).endswith("benchmarks/scale.py") for a in argv):
+            parent = json.loads(argv[argv.index("--config") + 1])["parent"]
+            if not psutil.pid_exists(parent):
+                orphans.append(argv[:4])
+    assert not orphans, orphans
