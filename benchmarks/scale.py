@@ -30,11 +30,15 @@ workers write and the driver marks done (``store``):
   done/host/worker records, metadata) over the blocks; and the file system calls on the store per block, by
   process (driver, workers), kind and path (``open`` to read or write, ``rename``, ``mkdir``, ``remove``), counted
   by a Python audit hook in every process (``sys.addaudithook``; nothing of dhmc is patched).
-* **the warmup barrier with one slow worker**: a fixed warmup (``--barrier-warmup`` iterations in five rounds, each
-  a barrier across the ensemble) with one worker, alone in its host process, given ``1/--slow-factor`` of real time
-  (SIGSTOP/SIGCONT every 20 ms: a node that slow), and once without: per round its wall time against the median and
-  the slowest block's device seconds, ``sync`` (round - slowest block, per block) and the share of the workers' time
-  the round left idle (1 - their compute spans in it / (workers x round)).
+* **the warmup barrier with one slow worker** (at ``--barrier-workers``, 8 and 32: on two cores the other workers'
+  blocks are slowed by W/2 themselves, and at 128 a round's blocks would take minutes): a fixed warmup
+  (``--barrier-warmup`` iterations in five rounds, one block a worker each, each round a barrier across the
+  ensemble) with one worker, alone in its host process, made ``--slow-factor`` times slower than the others (on two
+  cores they run at 2/W of a core each, so it is let run 2 / (slow_factor x W) of real time: SIGSTOP/SIGCONT every
+  40 ms), and once without: per round its wall time against the median and the slowest
+  block's device seconds, ``sync`` (round - slowest block, per block), the slow worker's tasks (Dask may have moved
+  them elsewhere) and the share of the workers' time the round left idle (1 - their compute spans in it / (workers
+  x round)).
 
 With 128 workers on two cores the block rate is bounded by the machine; the per-block costs are what carry over: with
 W workers and blocks of T seconds the driver must handle W / T blocks a second, so it saturates at ``W_max = T / c``
@@ -74,14 +78,15 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parents[1]
-SLOW_PERIOD = 0.02  # seconds of one SIGSTOP/SIGCONT cycle of the slow worker's host
+SLOW_PERIOD = 0.04  # seconds of one SIGSTOP/SIGCONT cycle of the slow worker's host
 IDLE_SECONDS = 2.0  # the scheduler's and hosts' idle CPU rate is measured this long
 T_MODEL = (0.5, 5.0)  # block seconds the model section extrapolates to
 
 FULL = {"workers": [1, 8, 32, 128], "chains_per_task": 64, "dim": 4, "chunks_per_worker": 2, "blocks": 96,
-        "min_segments": 4, "step_size": 0.5, "num_steps": 4, "per_host": 16, "barrier_warmup": 500,
-        "barrier_chunks_per_worker": 1, "slow_factor": 10.0, "fs_calls": True, "profile_segments": 2}
-QUICK = {**FULL, "workers": [1, 8], "blocks": 48, "min_segments": 3, "barrier_warmup": 200}
+        "min_segments": 4, "step_size": 0.5, "num_steps": 4, "per_host": 16, "barrier_warmup": 5000,
+        "barrier_workers": [8, 32], "barrier_chunks_per_worker": 1, "slow_factor": 10.0, "fs_calls": True,
+        "profile_segments": 2}
+QUICK = {**FULL, "workers": [1, 8], "blocks": 48, "min_segments": 3, "barrier_warmup": 1000, "barrier_workers": [8]}
 
 
 # -- the target (pickled by value: the workers need not import this file) -------------------------------------------
@@ -350,7 +355,7 @@ def _driver(cfg: dict) -> dict:
         record["idle"] = _idle_rates(pids)
         record["memory"] = _throughput(client, cfg, pids, store=None)
         record["store"] = _throughput(client, cfg, pids, store=os.path.join(cfg["tmp"], "store.zarr"))
-        if cfg["barrier"] and cfg["workers"] > 1:
+        if cfg["barrier"] and cfg["workers"] in cfg["barrier_workers"]:
             record["barrier"] = {"slow": _barrier(client, cfg, pids, slow=True),
                                  "even": _barrier(client, cfg, pids, slow=False)}
         if cfg["profile"]:
@@ -378,7 +383,7 @@ def _prime(client, cfg) -> dict:
     """Compile every program of the measured runs once in every host (one worker each so far): a host's workers
     share its programs, and 16 of them compiling at once in one process would take minutes. A first run of one block
     compiles them on one host (into the shared compilation cache), the next loads them on every host."""
-    hosts, barrier = len(cfg["host_pids"]), cfg["barrier"] and cfg["workers"] > 1
+    hosts, barrier = len(cfg["host_pids"]), cfg["barrier"] and cfg["workers"] in cfg["barrier_workers"]
     out = {"runs": []}
     for tries, chunks in enumerate([1, 2 * hosts, 2 * hosts, 2 * hosts], start=1):
         t = time.perf_counter()
@@ -582,20 +587,24 @@ def store_files(store, blocks: int) -> dict:
 
 
 def _barrier(client, cfg, pids, slow: bool) -> dict:
-    """A fixed warmup of 5 rounds (each a barrier), one worker throttled to 1/slow_factor of real time or none."""
+    """A fixed warmup of 5 rounds (each a barrier), one worker made slow_factor times slower than the others, or none."""
     chunks = cfg["barrier_chunks_per_worker"] * cfg["workers"]
     watch = Watch(pids)
-    stop = threading.Event()
-    throttle = threading.Thread(target=_throttle, args=(cfg["slow_pid"], cfg["slow_factor"], stop), daemon=True)
-    if slow:
-        throttle.start()
+    # the others share the cores: each runs at cores / workers of one, and the slow one, resumed, takes a whole core
+    # (the kernel favours a task that waited): for it to be slow_factor x slower than they are, it runs this share
+    share = 1 / (cfg["slow_factor"] * max(1.0, cfg["workers"] / _cores()))
+    throttle = None
+    if slow:  # a process of its own: a thread here would wait for this process's GIL between signals
+        throttle = subprocess.Popen([sys.executable, "-P", str(SCRIPT), "--role", "throttle", "--config",
+                                     json.dumps({"pid": cfg["slow_pid"], "share": share, "parent": os.getpid()})])
     try:
         tree = _sample(client, cfg, chunks, 1, [watch], warmup=cfg["barrier_warmup"], kernel="chees", step_size=None,
                        num_steps=None)
     finally:
-        stop.set()
-        if slow:
-            throttle.join()
+        if throttle is not None:
+            throttle.terminate()
+            throttle.wait(10)
+            _resume(cfg["slow_pid"])
     timing = json.loads(tree["posterior"].attrs["dhmc_timing"])
     spans = _stream(client, watch)
     slow_worker = next((a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
@@ -603,8 +612,8 @@ def _barrier(client, cfg, pids, slow: bool) -> dict:
     rounds = [_round(i, r, watch, spans, slow_worker, cfg["workers"]) for i, r in enumerate(timing["warmup_rounds"])]
     later = rounds[1:] or rounds  # round 0 also finds the first step size
     med = lambda key: _median([r[key] for r in later])
-    out = {"slow": slow, "slow_factor": cfg["slow_factor"] if slow else 1.0, "chunks": chunks,
-           "warmup": cfg["barrier_warmup"], "warmup_s": timing.get("warmup"), "rounds": rounds}
+    out = {"slow": slow, "slow_factor": cfg["slow_factor"] if slow else 1.0, "run_share": share if slow else 1.0,
+           "chunks": chunks, "warmup": cfg["barrier_warmup"], "warmup_s": timing.get("warmup"), "rounds": rounds}
     for key in ("round_s", "block_s_median", "block_s_max", "task_s_median", "task_s_max", "slow_task_over_median",
                 "idle_share", "idle_worker_s", "round_over_block_max", "sync_s", "sync_ms_per_block"):
         out[f"median_{key}"] = med(key)
@@ -637,11 +646,18 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def _throttle(pid: int, factor: float, stop: threading.Event) -> None:
-    """Let process ``pid`` run ``1/factor`` of every :data:`SLOW_PERIOD` seconds (SIGSTOP the rest) until ``stop``."""
-    run = SLOW_PERIOD / factor
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _throttle(cfg: dict) -> None:
+    """Let process ``cfg["pid"]`` run ``cfg["share"]`` of every :data:`SLOW_PERIOD` seconds (SIGSTOP the rest) until
+    SIGTERM or the driver is gone; always leave it running."""
+    pid, run, parent = cfg["pid"], SLOW_PERIOD * cfg["share"], cfg["parent"]
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.is_set():
+        while not stop.is_set() and os.getppid() == parent:
             os.kill(pid, signal.SIGSTOP)
             time.sleep(SLOW_PERIOD - run)
             os.kill(pid, signal.SIGCONT)
@@ -649,10 +665,14 @@ def _throttle(pid: int, factor: float, stop: threading.Event) -> None:
     except ProcessLookupError:
         pass
     finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        _resume(pid)
+
+
+def _resume(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def _profiled(client, cfg, pids, store) -> dict:
@@ -1003,12 +1023,12 @@ BARRIER_COLUMNS = [("workers", "W", "d"), ("slow_ratio", "slow/median task", ".1
                    ("round_s_even", "| none slow: round s", ".3f"), ("block_s_max_even", "block s max", ".4f"),
                    ("idle_share_even", "idle share", ".2f"), ("sync_ms_per_block_even", "sync ms/blk", ".1f")]
 SETTINGS = ("workers", "chains_per_task", "dim", "chunks_per_worker", "blocks", "min_segments", "per_host",
-            "barrier_warmup", "slow_factor")
+            "barrier_warmup", "barrier_workers", "slow_factor")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--role", choices=("scheduler", "host", "driver"), help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=("scheduler", "host", "driver", "throttle"), help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1 and 8 workers, short runs (a smoke run)")
     ap.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=None,
@@ -1019,7 +1039,9 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, default=None, help="blocks per run, at least (default 96)")
     ap.add_argument("--min-segments", type=int, default=None, help="segments per run, at least (default 4)")
     ap.add_argument("--per-host", type=int, default=None, help="workers per worker host process (default 16)")
-    ap.add_argument("--barrier-warmup", type=int, default=None, help="warmup iterations of the barrier runs (500)")
+    ap.add_argument("--barrier-warmup", type=int, default=None, help="warmup iterations of the barrier runs (5000)")
+    ap.add_argument("--barrier-workers", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="worker counts with barrier runs (default 8,32)")
     ap.add_argument("--slow-factor", type=float, default=None, help="the slow worker gets 1/this of real time (10)")
     ap.add_argument("--no-barrier", action="store_true", help="no warmup-barrier runs")
     ap.add_argument("--no-fs-calls", action="store_true", help="no audit hook counting the store's file calls")
@@ -1063,8 +1085,8 @@ def main(argv=None) -> int:
     print(f"\n{cpu_line()}\ndhmc: {payload['dhmc']}\n")
     print(table(rows_for(records), COLUMNS))
     if barrier_rows(records):
-        print(f"\nwarmup rounds (barriers), one worker given 1/{settings['slow_factor']:g} of real time; medians over "
-              "rounds 1-4; sync = round - slowest block, per block:")
+        print(f"\nwarmup rounds (barriers), one worker made {settings['slow_factor']:g}x slower; medians over rounds 1-4; "
+              "sync = round - slowest block, per block:")
         print(table(barrier_rows(records), BARRIER_COLUMNS))
     print()
     print(model_text(payload["model"]))
@@ -1123,6 +1145,8 @@ def _role(role: str, cfg: dict) -> int:
         asyncio.run(_serve_scheduler(cfg))
     elif role == "host":
         asyncio.run(_serve_host(cfg))
+    elif role == "throttle":
+        _throttle(cfg)
     else:
         _watch_parent(cfg["parent"], cfg.get("slow_pid"))
         print(json.dumps(_driver(cfg), default=str), flush=True)
