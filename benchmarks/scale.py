@@ -288,14 +288,14 @@ class Watch:
             self.profiles.start()
 
     def warmup_block(self, round_index, rounds, chunk, result, chunks_done, chunks) -> None:
-        self.rounds.append({"round": round_index, "chunk": chunk, "seconds": result.get("seconds"),
-                            "compile_seconds": result.get("compile_seconds"), "received": time.time()})
+        self.rounds.append({"round": round_index, "chunk": chunk, "seconds": result.seconds,
+                            "compile_seconds": result.compile_seconds, "received": time.time()})
 
     def sample_block(self, chunk, segment, result, chain_draws) -> None:
         self.count += 1
         self.blocks.append({"chunk": chunk, "segment": segment, "received": time.time(),
-                            "seconds": result.get("seconds"), "compile_seconds": result.get("compile_seconds"),
-                            "write_seconds": result.get("write_seconds", 0.0)})
+                            "seconds": result.seconds, "compile_seconds": result.compile_seconds,
+                            "write_seconds": result.write_seconds})
         if self.count in self.k:
             self.marks[self.k[self.count]] = self.snap()
         if self.count == self.n:
@@ -341,6 +341,9 @@ def _driver(cfg: dict) -> dict:
     record = {"workers": cfg["workers"], "hosts": len(cfg["host_pids"]),
               "dhmc": {"path": str(Path(dhmc.__file__).resolve().parents[1]), "version": dhmc.__version__}}
     pids = {"scheduler": [cfg["scheduler_pid"]], "hosts": cfg["host_pids"]}
+    import dask
+
+    dask.config.set({"dhmc.direct-to-workers": cfg.get("direct", True)})  # what a cluster object's driver does
     client = Client(cfg["address"], set_as_default=False, timeout=30)
     try:
         client.wait_for_workers(len(cfg["host_pids"]), timeout=120)
@@ -1045,6 +1048,10 @@ def main(argv=None) -> int:
     ap.add_argument("--slow-factor", type=float, default=None, help="the slow worker gets 1/this of real time (10)")
     ap.add_argument("--no-barrier", action="store_true", help="no warmup-barrier runs")
     ap.add_argument("--no-fs-calls", action="store_true", help="no audit hook counting the store's file calls")
+    ap.add_argument("--through-scheduler", action="store_true",
+                    help="results through the scheduler (a Client(address)'s default), not from the workers "
+                         "(dhmc.direct-to-workers: true, the default where the scheduler runs in the driver's process, "
+                         "as SLURMCluster's and the embedded cluster's do)")
     ap.add_argument("--profile", dest="profile", action="store_true", default=None,
                     help="profile the driver at the largest worker count (default on, off with --quick)")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
@@ -1060,7 +1067,7 @@ def main(argv=None) -> int:
 
     settings = dict(QUICK if args.quick else FULL)
     settings.update({key: getattr(args, key) for key in SETTINGS if getattr(args, key) is not None})
-    settings.update(barrier=not args.no_barrier, fs_calls=not args.no_fs_calls)
+    settings.update(barrier=not args.no_barrier, fs_calls=not args.no_fs_calls, direct=not args.through_scheduler)
     profile = (not args.quick) if args.profile is None else args.profile
     out = args.out or str(RESULTS / ("quick/scale.json" if args.quick else "scale.json"))
     cache = tempfile.mkdtemp(prefix="dhmc-scale-cache-")

@@ -64,15 +64,22 @@ class Runner:
     def __init__(self, client, spec: RunSpec, model_blob: bytes, model_token: str, dtype, sink,
                  observers: Observers | None = None, executables=None, store=None, run_id: str | None = None):
         self.client, self.spec, self.dtype = client, spec, np.dtype(dtype)
-        self.blob, self.token, self.sink, self.store = model_blob, model_token, sink, store
+        # as an array, the pickled target travels beside a job's pickle, not in it: in it, a target defined in a
+        # script's __main__ made Dask pickle every job a second time, with cloudpickle (~0.4 ms a block)
+        self.blob = np.frombuffer(model_blob, np.uint8)
+        self.token, self.sink, self.store = model_token, sink, store
         self.observers, self.executables = observers or Observers(), executables or {}
         self.run_id = run_id or f"dhmc-{uuid.uuid4().hex[:8]}"
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0}
         self.max_retries = int(config.get("allowed-failures"))
         self.health = Health(client, spec.model, self.run_id, store)
         self.compiled_dense = bool(spec.dense_mass)
+        direct = config.get("direct-to-workers")
+        in_process = getattr(getattr(client, "cluster", None), "scheduler", None) is not None
+        self.direct = bool(in_process if direct is None else direct)  # results straight from the workers
         self._arrived: queue.SimpleQueue = queue.SimpleQueue()  # futures as they finish (their done callbacks)
         self._live: dict[str, _Block] = {}  # the blocks submitted and not yet taken, by their futures' keys
+        self._outbox: list[_Block] = []  # blocks to send at the next wait
 
     # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
@@ -93,16 +100,23 @@ class Runner:
             return None
 
     def _submit(self, job: Job, key: str, tag) -> _Block:
+        """A block for ``job``, sent with the others submitted meanwhile when the runner next waits (:meth:`_post`)."""
         block = _Block(job, key, None, tag)
-        self._send(block)
+        self._outbox.append(block)
         return block
 
-    def _send(self, block: _Block) -> None:
-        """Submit the block's job (again, after a lost connection) as a new future, watched until it finishes."""
-        block.future = self.client.submit(run_job, block.job, key=f"{block.key}-{uuid.uuid4().hex[:6]}", pure=False,
-                                          retries=0)
-        self._live[block.future.key] = block
-        block.future.add_done_callback(self._arrived.put)
+    def _post(self) -> None:
+        """Send the blocks submitted since the last post (or sent again, after a lost connection) in one message,
+        each as a new future watched until it finishes."""
+        if not self._outbox:
+            return
+        blocks, self._outbox = self._outbox, []
+        keys = [f"{b.key}-{uuid.uuid4().hex[:6]}" for b in blocks]
+        futures = self.client.map(run_job, [b.job for b in blocks], key=keys, pure=False, retries=0)
+        for block, future in zip(blocks, futures, strict=True):
+            block.future = future
+            self._live[future.key] = block
+            future.add_done_callback(self._arrived.put)
 
     def _finished(self, blocks: dict):
         """Yield lists of ``(tag, result)`` as the blocks in ``blocks`` (keyed by tag) finish, each list the blocks
@@ -113,6 +127,7 @@ class Runner:
         """
         last = time.monotonic()
         while blocks:
+            self._post()
             try:
                 arrived = [self._arrived.get(timeout=TICK)]
             except queue.Empty:
@@ -128,7 +143,7 @@ class Runner:
             for block, result in self._results(ready):
                 if result is None:  # lost to a dropped connection: sent again
                     block.retries += 1
-                    self._send(block)
+                    self._outbox.append(block)
                     continue
                 del blocks[block.tag]
                 self.timing["compile"] = max(self.timing["compile"], result.compile_seconds)
@@ -140,7 +155,8 @@ class Runner:
         """The blocks' results: those that finished, in one request; the others one by one (see :meth:`_result`)."""
         finished = [b for b in ready if b.future.status == "finished"]
         try:
-            values = dict(zip(map(id, finished), self.client.gather([b.future for b in finished]), strict=True))
+            values = self.client.gather([b.future for b in finished], direct=self.direct)
+            values = dict(zip(map(id, finished), values, strict=True))
         except Exception:  # noqa: BLE001 - one was lost meanwhile: each on its own, as the others are
             values = {}
         return [(b, values[id(b)] if id(b) in values else self._result(b)) for b in ready]
@@ -291,17 +307,20 @@ class Runner:
 
         try:
             with self.client.as_current():
-                wait([b.future for b in blocks.values()], timeout=self.health.block_timeout or None)
+                wait([b.future for b in blocks.values() if b.future is not None],
+                     timeout=self.health.block_timeout or None)
         except Exception:  # noqa: BLE001 - their draws are not kept anyway
             pass
 
     def _cancel(self, blocks: dict) -> None:
         """Cancel blocks still queued or running (a run that ended early leaves no work behind)."""
-        for block in blocks.values():
-            self._live.pop(block.future.key, None)
-        if blocks:
+        self._outbox = [b for b in self._outbox if b.tag not in blocks]  # never sent
+        sent = [b.future for b in blocks.values() if b.future is not None]
+        for future in sent:
+            self._live.pop(future.key, None)
+        if sent:
             try:
-                self.client.cancel([b.future for b in blocks.values()])
+                self.client.cancel(sent)
             except Exception:  # noqa: BLE001 - the cluster may be gone already
                 pass
 

@@ -58,7 +58,7 @@ class BlockDestination:
 def check_owner(path: str, run_id: str) -> None:
     """Raise :class:`StoreError` unless the store at ``path`` belongs to run ``run_id`` (its ``dhmc_run_id``, which
     every run that creates or resumes a store sets; a store without one, of an older dhmc, belongs to anyone)."""
-    owner = zarr.open_group(path, mode="r", use_consolidated=False).attrs.get(OWNER)
+    owner = zarr.open_group(path, mode="r", use_consolidated=False, zarr_format=3).attrs.get(OWNER)
     if owner is not None and owner != run_id:
         raise StoreError(f"{path} now belongs to run {owner}: this block of run {run_id} (stopped, its store "
                          "overwritten or resumed since) was not written")

@@ -47,8 +47,8 @@ def test_a_damaged_block_is_found_refused_by_extend_and_run_again_by_resume(dama
     spoil(dhmc_store)
     assert main(["summary", str(dhmc_store)]) == 1  # no table of damaged draws, but what to do
     assert capsys.readouterr().out.startswith("damaged: ")
-    with pytest.raises(StoreError, match=r"^[12] block\(s\) of .* marked done are damaged \(the first, chunk \d segment "
-                                         rf"0: {what}\): dhmc resume .* runs them again, then extend it$"):
+    with pytest.raises(StoreError, match=r"^[12] block\(s\) of .* marked done are damaged \(the first, chunk \d "
+                                         rf"segment 0: {what}\): dhmc resume .* runs them again, then extend it$"):
         dhmc.extend(dhmc_store, 10, cluster=client1, progress=False)
     with caplog.at_level("WARNING", logger="dhmc"):
         dhmc.resume(dhmc_store, cluster=client1, progress=False)
