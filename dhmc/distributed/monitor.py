@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from dask.utils import parse_bytes
 
+from dhmc.distributed import config
 from dhmc.geometry import Geometry
 from dhmc.stats import ess_bulk, ess_tail, nested_rhat, split_rhat, superchains
 
@@ -34,10 +36,14 @@ FIXED_ESS_CHAINS = 128  # its ESS from this many of the head chains, spread over
 # the ESS of 1024 chains x 4000 draws x 10 scalars takes ~13 s (its rank normalization sorts all draws), of 128 ~1 s
 
 
-def head_chains(geometry: Geometry) -> int:
-    """Chains per chunk the monitor looks at: the first ``min(smallest chunk, 1024 / chunks)``, at least 1."""
+def head_chains(geometry: Geometry, draw_bytes: int = 0, budget: int | None = None) -> int:
+    """Chains per chunk the monitor looks at: the first ``min(smallest chunk, 1024 / chunks)``, at least 1, and
+    no more than keep all their draws (``draw_bytes`` each) within ``budget`` bytes (``dhmc.monitor-memory``)."""
     smallest = len(geometry.chunk(geometry.num_chunks - 1))
-    return max(1, min(smallest, MAX_CHAINS // geometry.num_chunks))
+    k = min(smallest, MAX_CHAINS // geometry.num_chunks)
+    if draw_bytes and budget:
+        k = min(k, budget // (geometry.num_chunks * geometry.draws * draw_bytes))
+    return max(1, k)
 
 
 def remaining(draws: int, min_ess: float, target_ess: float, max_draws: int) -> int:
@@ -72,7 +78,10 @@ class ConvergenceMonitor:
     def __init__(self, spec, sink, checked: int = 0):
         self.spec, self.geometry, self.sink = spec, spec.geometry, sink
         self.auto = spec.target_ess is not None
-        self.k = head_chains(self.geometry)
+        layout = getattr(sink, "layout", None)
+        draw_bytes = sum(np.dtype(s.dtype).itemsize * math.prod(s.shape) for s in layout.posterior.values()) \
+            if layout is not None else 0
+        self.k = head_chains(self.geometry, draw_bytes, parse_bytes(config.get("monitor-memory")))
         self.heads: dict[tuple[int, int], dict] = {}
         self.waves, self.stopped, self.last = checked, False, None
 

@@ -69,3 +69,15 @@ def test_the_monitor_measures_every_scalar_and_flags_disagreeing_chains():
     auto.heads = ok.heads
     verdict = auto.measure(4)
     assert verdict["converged"] and verdict["remaining"] == 0 and verdict["max_rhat"] == verdict["max_nested_rhat"]
+
+
+def test_the_monitor_keeps_its_head_chains_within_its_memory_budget():
+    """``dhmc.monitor-memory``: a big model's long run looks at fewer head chains (at least one a chunk), so the
+    driver's memory for them is bounded whatever the draws and dimension."""
+    from dhmc.distributed.monitor import head_chains
+
+    geometry = Geometry(1024, 10_000, 64, 100)
+    assert head_chains(geometry) == head_chains(geometry, 2 * 4, 2**30) == 64  # small: all 1024 it would
+    k = head_chains(geometry, 501 * 4, 2**30)
+    assert k == 3 and geometry.num_chunks * k * 10_000 * 501 * 4 <= 2**30
+    assert head_chains(geometry, 10**6, 2**30) == 1
