@@ -81,6 +81,7 @@ def test_probe_times_a_run_from_its_events():
     assert set(summary["task_stream"]) == {"w1", "w2"}
 
 
+@pytest.mark.slow  # three processes that import JAX (the floor's, BlackJAX's and the parent); test_help runs each module
 def test_throughput_reference_samplers_tiny(tmp_path):
     """The floor and BlackJAX on the coin toss, 4 chains x 50 draws: JSON with rates for both."""
     out = tmp_path / "throughput.json"
@@ -96,6 +97,7 @@ def test_throughput_reference_samplers_tiny(tmp_path):
     assert runs[0]["mean0"] == pytest.approx(runs[1]["mean0"], abs=1e-4)
 
 
+@pytest.mark.slow  # another throughput run, for one option
 def test_throughput_kernel_ratio_and_cpu_tiny(tmp_path):
     """``--kernel-ratio``: dhmc's block program vs the floor's on the same block, in one pinned process; the JSON
     names the CPU and the printed tables start with it."""

@@ -85,7 +85,8 @@ def test_extend_from_the_command_line(client2, tmp_path):
     assert np.isfinite(after).all()
 
 
-@pytest.mark.parametrize("dense_mass", [False, True], ids=["diag", "dense"])
+# The dense case runs quick, the diagonal one (the same parameters carried over) in the slow suite.
+@pytest.mark.parametrize("dense_mass", [pytest.param(False, marks=pytest.mark.slow), True], ids=["diag", "dense"])
 def test_adapted_from_reuses_step_size_length_and_mass_matrix(client2, tmp_path, dense_mass):
     source = tmp_path / "source.zarr"
     dhmc.sample("gaussian_2d", chains=64, draws=20, warmup=300, dense_mass=dense_mass, store=source,
@@ -111,6 +112,8 @@ def test_adapted_from_a_store_of_another_size_is_refused(client2, tmp_path):
         dhmc.sample("eight_schools", chains=16, draws=20, adapted_from=source, cluster=client2, progress=False)
 
 
+# Slow: the quick suite keeps the warmup draws of an automatic warmup, into a store, in the next test.
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
 def test_save_warmup_keeps_every_warmup_draw_and_changes_no_draw(client2, tmp_path, store):
     common = dict(chains=32, draws=50, warmup=200, chains_per_task=16, cluster=client2, progress=False)
@@ -127,7 +130,7 @@ def test_save_warmup_keeps_every_warmup_draw_and_changes_no_draw(client2, tmp_pa
         np.testing.assert_array_equal(dhmc.open_trace(path)["warmup_posterior"]["x"].values, warm.values)
 
 
-@pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
+@pytest.mark.parametrize("store", [pytest.param(False, marks=pytest.mark.slow), True], ids=["memory", "store"])
 def test_save_warmup_with_auto_warmup_keeps_the_iterations_it_ran(client2, tmp_path, store):
     """Room is made for max_warmup (1000) iterations; the group is cut to those the automatic warmup ran."""
     common = dict(chains=32, draws=50, chains_per_task=16, cluster=client2, progress=False)

@@ -49,6 +49,9 @@ def _lp(trace):
 # -- JAX log densities ----------------------------------------------------------------------------------
 
 
+# Quick, LAPACK in the programs the driver compiles runs in test_options_matrix.py (its embedded case has a dense
+# metric: a Cholesky in every block) and test_embedded.py (a Cholesky model's executable loaded in a fresh process).
+@pytest.mark.slow
 def test_cholesky_solve_triangular_slogdet():
     """x | s ~ N(MEAN, s^2 COV), log s ~ N(0, 0.3^2), the normal log pdf by hand.
 
@@ -115,6 +118,7 @@ def test_gammaln_and_logsumexp():
     assert np.allclose(_lp(trace), exact, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_fori_loop_and_a_constant_while_loop():
     """A sum of squares by ``fori_loop``; a ``while_loop`` (on constants) adding a series to the log density."""
     mean, sd = np.array([1.0, -1.0, 3.0, 0.0]), np.array([0.5, 1.0, 2.0, 1.5])
@@ -164,6 +168,7 @@ def _softplus_jvp(primals, tangents):
     return softplus(v), jax.nn.sigmoid(v) * dv
 
 
+@pytest.mark.slow
 def test_custom_jvp():
     """x = softplus(v) ~ Gamma(4, 2), with softplus a ``custom_jvp`` and log-Jacobian log sigmoid(v) = -softplus(-v)."""
     a, b = 4.0, 2.0

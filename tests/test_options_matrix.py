@@ -35,10 +35,12 @@ CASES += [("mams", False, False, "embedded"), ("mams", True, True, "embedded"),
           ("mams", True, False, "client2"), ("mams", False, True, "client2")]
 
 
-# The embedded cluster starts anew for each case (~10 s): one such case runs in the quick suite, the others
-# (and one of MAMS's two on client2) in the slow one, which CI runs too.
-SLOW_CASES = [c for c in CASES if c[3] == "embedded" and c != ("hmc", False, True, "embedded")]
-SLOW_CASES += [("mams", False, True, "client2")]
+# The quick suite runs four cases, each kernel, dense_mass and x64 on and off in them and both kinds of cluster: the
+# embedded one (which starts anew for each case, ~10 s) with HMC, a dense metric and x64; on client2, ChEES dense x64,
+# HMC diagonal x32 and MAMS dense x32. The slow suite, which CI runs too, runs the other cases.
+QUICK_CASES = [("hmc", True, True, "embedded"), ("chees", True, True, "client2"), ("hmc", False, False, "client2"),
+               ("mams", True, False, "client2")]
+SLOW_CASES = [c for c in CASES if c not in QUICK_CASES]
 
 
 # pytest.ini turns dhmc's UserWarnings into errors: one raised in the driver's background compile

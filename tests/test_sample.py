@@ -51,7 +51,9 @@ def test_logdensity_with_client_gaussian_2d(client2):
     assert abs(np.corrcoef(flat.T)[0, 1] + 0.75) < 0.02
 
 
-@pytest.mark.parametrize("kernel, warmup", [("chees", "auto"), ("mams", "auto"), ("chees", 150)])
+# MAMS shares ChEES's block programs and automatic warmup: its case runs in the slow suite.
+@pytest.mark.parametrize("kernel, warmup", [("chees", "auto"), pytest.param("mams", "auto", marks=pytest.mark.slow),
+                                            ("chees", 150)])
 def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel, warmup):
     kw = dict(init={"x": jnp.zeros(3)}, chains=64, draws=120, warmup=warmup, seed=5, chains_per_task=16,
               progress=False, kernel=kernel)
@@ -93,6 +95,9 @@ def test_divergent_draws_warn_and_are_kept(client2):
     assert not [w for w in caught if "divergent" in str(w.message)]
 
 
+# Quick, the coin toss above samples a constrained NumPyro site (its uniform prior's logit) against its exact
+# posterior, and test_arviz_groups.py a model's deterministic sites and the observed data of its model_args.
+@pytest.mark.slow
 def test_numpyro_constrained_site_includes_log_jacobian(client2):
     """Precision of a zero-mean normal: Gamma(a, b) prior -> Gamma(a + n/2, b + sum y^2 / 2) posterior."""
     import numpyro
@@ -143,6 +148,9 @@ def test_float64_on_the_client_means_float64_on_workers(tmp_path):
     assert "DTYPE float64 float64" in out.stdout, out.stderr[-2000:]
 
 
+# Its quick counterpart: test_the_embedded_driver_imports_no_dashboard_zarr_or_arviz_until_asked, whose script (no
+# main guard either) starts the embedded cluster and samples on it.
+@pytest.mark.slow
 def test_script_without_main_guard_runs_on_embedded_cluster(tmp_path):
     script = tmp_path / "noguard.py"
     script.write_text(textwrap.dedent("""

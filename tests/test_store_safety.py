@@ -67,15 +67,17 @@ def _same(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(client2, tmp_path_factory):
+    """The undisturbed run, on the session's cluster: bitwise the embedded cluster's draws
+    (``test_driver_compiled_executables_give_bitwise_the_same_draws``), without starting one more."""
     path = tmp_path_factory.mktemp("ref") / "ref.zarr"
-    dhmc.sample("gaussian_2d", store=path, **KW)
+    dhmc.sample("gaussian_2d", store=path, cluster=client2, **KW)
     return path
 
 
 @pytest.mark.parametrize("point, after", [("before-done", 3), pytest.param("after-done", 5, marks=pytest.mark.slow),
                                           pytest.param("before-sampling", 0, marks=pytest.mark.slow)])
-def test_a_driver_killed_at_a_fixed_point_of_a_write_resumes_bitwise(tmp_path, reference, point, after):
+def test_a_driver_killed_at_a_fixed_point_of_a_write_resumes_bitwise(tmp_path, client2, reference, point, after):
     store = tmp_path / "killed.zarr"
     run = subprocess.run([sys.executable, "-c", DRIVER, str(store), point, str(after)], capture_output=True,
                          text=True, timeout=600)
@@ -83,7 +85,7 @@ def test_a_driver_killed_at_a_fixed_point_of_a_write_resumes_bitwise(tmp_path, r
     done = _done(store)
     on_disk = int(run.stdout.split()[-1]) if point != "before-sampling" else 0
     assert done.sum() == on_disk and (on_disk < after if point == "before-done" else on_disk >= after), done
-    dhmc.resume(store, progress=False)  # the dead driver's lock is stale: taken over
+    dhmc.resume(store, cluster=client2, progress=False)  # the dead driver's lock is stale: taken over
     assert _done(store).all()
     assert _same(reference, store)
 
@@ -127,10 +129,10 @@ def test_resume_refuses_another_model_or_data_unless_forced(tmp_path):
 
 def test_a_block_of_the_wrong_shape_is_never_marked_done(tmp_path):
     from dhmc.distributed.spec import geometry_for, layout_for
-    from dhmc.distributed.worker import BlockResult
     from dhmc.models import example
     from dhmc.storage import zarr_
     from dhmc.storage.sinks import StoreSink
+    from dhmc.types import BlockResult
 
     model = example("gaussian_2d").build()
     layout = layout_for(model)

@@ -75,12 +75,14 @@ def _compare_with_fixed_lengths(cov, dense, client, tmp_path):
     return adapted, steps.mean(), best, best_steps, report
 
 
+@pytest.mark.slow  # each case is an automatic warmup of 128 chains and four fixed-length runs to compare
 def test_a_dense_metric_makes_a_correlated_2d_gaussian_a_few_steps_a_draw(client2, tmp_path):
     adapted, steps, best, _, report = _compare_with_fixed_lengths(correlated_2d(), True, client2, tmp_path)
     assert steps < 10, report
     assert adapted > 0.5 * best, report
 
 
+@pytest.mark.slow
 def test_a_diagonal_metric_stays_within_2x_of_the_best_length_for_its_condition(client2, tmp_path):
     adapted, steps, best, best_steps, report = _compare_with_fixed_lengths(correlated_2d(), False, client2, tmp_path)
     assert best_steps / 2 < steps < 2 * best_steps, report

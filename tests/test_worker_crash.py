@@ -137,11 +137,14 @@ def test_a_crashing_block_ends_the_run_in_seconds_and_the_store_resumes(tmp_path
     assert _same(tmp_path / "ref.zarr", store)
 
 
-def test_a_block_that_raises_fails_at_once_with_the_users_error():
+def test_a_block_that_raises_fails_at_once_with_the_users_error(client2):
+    """On the session's cluster: an error is no crash, the workers live on (the crashes above start their own)."""
     start = time.monotonic()
     with pytest.raises(Exception, match="model blew up"):
-        dhmc.sample(raising_logdensity, init={"x": jnp.zeros(2)}, chains=16, draws=20, warmup=20, progress=False)
+        dhmc.sample(raising_logdensity, init={"x": jnp.zeros(2)}, chains=16, draws=20, warmup=20, progress=False,
+                    cluster=client2)
     assert time.monotonic() - start < 120
+    assert len(client2.scheduler_info()["workers"]) == 2
 
 
 def test_the_command_line_exits_1_with_the_whole_crash_message(monkeypatch, capsys):

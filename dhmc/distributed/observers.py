@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from dhmc.distributed.worker import BlockResult
+    from dhmc.types import BlockResult
 
 __all__ = ["Observer", "Observers"]
 
@@ -33,7 +33,7 @@ class Observer(Protocol):
     def warmup_block(self, round_index: int, rounds: int, chunk: int, result: BlockResult, chunks_done: int,
                      chunks: int) -> None:
         """Chunk ``chunk`` finished warmup round ``round_index`` of ``rounds``; ``result`` is its block's
-        :class:`~dhmc.distributed.worker.BlockResult` (``seconds``, ``compile_seconds``, ``grad_evals``, ...)."""
+        :class:`~dhmc.types.BlockResult` (``seconds``, ``compile_seconds``, ``grad_evals``, ...)."""
 
     def sample_block(self, chunk: int, segment: int, result: BlockResult, chain_draws: int) -> None:
         """Block ``(chunk, segment)`` is in the sink: ``result`` is its ``BlockResult``, ``chain_draws`` its size."""

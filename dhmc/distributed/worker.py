@@ -28,6 +28,7 @@ from dhmc.core.ensemble import KernelConfig, Params
 from dhmc.distributed import events
 from dhmc.distributed.program import BlockInputs, build_program, compile_program, load_executable
 from dhmc.errors import ClusterError
+from dhmc.types import BlockResult
 
 __all__ = ["Job", "BlockResult", "run_job", "prepare_process", "dask_setup", "load_model"]
 
@@ -68,28 +69,6 @@ class Job:
         last = self.first_iteration + span - 1
         return (f"{self.phase} block (chains {self.chain_start}-{self.chain_stop - 1}, iterations "
                 f"{self.first_iteration}-{last})")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BlockResult:
-    """What a block sends back to the driver (and what observers are told of it)."""
-
-    position: np.ndarray = field(repr=False)  # the chains' end positions
-    seconds: float  # running the program (compile excluded)
-    compile_seconds: float
-    grad_evals: int  # gradient evaluations, all chains together
-    where: dict  # ``{"host": ..., "worker": ...}``: who ran it
-    stats: dict | None = field(default=None, repr=False)  # cold and warmup: the round's statistics
-    warmup_draws: dict | None = field(default=None, repr=False)  # ``save_warmup``: ``{name: draws}``
-    draws: dict | None = field(default=None, repr=False)  # sample, no store: ``{group: {name: draws}}``
-    written: dict | None = None  # sample, with a store: the shapes the worker wrote there
-    write_seconds: float = 0.0
-    head: dict | None = field(default=None, repr=False)  # with a store: the first chains' posterior draws
-
-    @property
-    def head_draws(self) -> dict | None:
-        """The block's posterior draws the convergence monitor reads (the head chains, or all of them)."""
-        return self.head if self.head is not None else (self.draws or {}).get("posterior")
 
 
 def _sizeof_job(job: Job) -> int:

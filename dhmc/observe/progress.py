@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dhmc.distributed.worker import BlockResult
+    from dhmc.types import BlockResult
 
 __all__ = ["DashboardLink", "Progress"]
 

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dhmc.distributed.worker import BlockResult
+    from dhmc.types import BlockResult
 
 __all__ = ["DashboardPublisher"]
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import xarray as xr
     import zarr
 
-    from dhmc.distributed.worker import BlockResult
+    from dhmc.types import BlockResult
 
 __all__ = ["Sink", "MemorySink", "StoreSink", "check_fits"]
 

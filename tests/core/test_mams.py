@@ -65,6 +65,8 @@ def test_exact_draws_stay_exact_under_the_kernel(dense):
     assert 0.5 < float(trace["acceptance_rate"].mean()) < 1.0
 
 
+# Slow: test_options_matrix.py samples the same kind of target with MAMS adapted by dhmc.sample, in the quick suite.
+@pytest.mark.slow
 @pytest.mark.parametrize("dense", [False, True])
 def test_adapted_ensemble_recovers_a_correlated_badly_scaled_gaussian(dense):
     config = KernelConfig(kind="mams", target_accept=0.9, dense_mass=dense)

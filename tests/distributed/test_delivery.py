@@ -32,13 +32,15 @@ def dynlib(monkeypatch):
         del sys.modules[name]
 
 
-def test_a_model_a_library_builds_at_import_runs_with_worker_setup(dynlib, tmp_path):
+def test_a_model_a_library_builds_at_import_runs_with_worker_setup(dynlib, client2, tmp_path):
     mean, sd = np.array([1.0, -2.0]), np.array([0.5, 2.0])
     target = dynlib.Gaussian(jnp.asarray(mean), jnp.asarray(sd))
     run = dict(init=jnp.zeros(2), chains=64, draws=200, warmup=200, seed=3, progress=False)
 
+    # Without the set-up, on the session's cluster (its workers cannot import dynlib either): no embedded cluster
+    # started only to fail
     with pytest.raises(ClusterError, match=r"cannot unpickle the target: .*dynlib.*dhmc.worker-setup"):
-        dhmc.sample(target, **run)
+        dhmc.sample(target, cluster=client2, **run)
 
     store = tmp_path / "dyn.zarr"
     with dask.config.set({"dhmc.worker-setup": [str(USERLIBS / "setup_dynlib.py")]}):

@@ -79,14 +79,14 @@ def _gp_logdensity(p):
 LOAD_IN_A_FRESH_PROCESS = """
 import sys, cloudpickle, numpy as np, jax.numpy as jnp
 from dhmc.distributed import worker
-from dhmc.distributed.program import load_executable
+from dhmc.distributed.program import BlockInputs, load_executable
 from dhmc.core.ensemble import Params
 worker.prepare_process()
 program = load_executable(open(sys.argv[1], "rb").read())
 assert program is not None, "the executable did not load"
 params = Params(jnp.float32(0.1), jnp.eye(4, dtype=jnp.float32), jnp.float32(0.3))
-end, out = program(jnp.uint32(0), jnp.arange(16, dtype=jnp.uint32), jnp.zeros((16, 4), jnp.float32), params,
-                   jnp.int32(0))
+end, out = program(BlockInputs(jnp.uint32(0), jnp.arange(16, dtype=jnp.uint32), jnp.zeros((16, 4), jnp.float32),
+                               params, jnp.int32(0), jnp.int32(10), *[jnp.bool_(False)] * 3))
 print("lp", float(np.asarray(out["sample_stats"]["lp"]).mean()))
 """
 
@@ -108,6 +108,9 @@ def test_an_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
     assert "lp" in run.stdout
 
 
+# Quick, a dense metric's Cholesky in the programs the driver compiles runs in test_options_matrix.py (its embedded
+# case), a model's own in test_model_features.py (test_cholesky_solve_triangular_slogdet).
+@pytest.mark.slow
 def test_dense_mass_and_cholesky_models_run_on_the_embedded_cluster():
     import dhmc
 
@@ -135,7 +138,8 @@ close()
 
 def test_the_embedded_driver_imports_no_dashboard_zarr_or_arviz_until_asked(tmp_path):
     """Dask's dashboard (bokeh) is connected at its first request; a run without a store imports no zarr, and the
-    convergence monitor no ArviZ: each was ~0.5-1.2 s of CPU taken from the workers of a cold run."""
+    convergence monitor no ArviZ: each was ~0.5-1.2 s of CPU taken from the workers of a cold run. The script has
+    no main guard: its embedded cluster starts and samples all the same."""
     import subprocess
     import sys
 
@@ -154,7 +158,9 @@ dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, cha
 """
 
 
-@pytest.mark.parametrize("when", ["start-up", "sampling"])
+# Killed while sampling waits for both workers to be seconds of CPU into their blocks (15-50 s on two cores): in the
+# slow suite (CI runs it); the quick suite kills the driver while its workers start.
+@pytest.mark.parametrize("when", ["start-up", pytest.param("sampling", marks=pytest.mark.slow)])
 def test_workers_die_with_a_driver_killed_by_sigkill_and_leave_no_folders(when):
     """A driver killed with kill -9 (while its workers start, or while they sample) takes its embedded workers with
     it (one outlived such a driver for good); the next driver removes its temporary folders (logs, certificates,

@@ -54,6 +54,12 @@ def local_slurm():
     """Skip unless a Slurm controller answers and has an idle node."""
     if shutil.which("sinfo") is None:
         pytest.skip("sinfo not on PATH: start the local Slurm with deploy/local-slurm/up.sh")
+    # With no controller, sinfo retries for ~9 s before it fails; ``scontrol ping`` says so at once (exit 1).
+    if shutil.which("scontrol") is not None:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+        if ping.returncode != 0:
+            said = (ping.stdout.strip() or ping.stderr.strip() or "no answer").splitlines()[0]
+            pytest.skip(f"no Slurm controller answers ({said}): run deploy/local-slurm/up.sh")
     res = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
     states = [line.split()[1] for line in res.stdout.splitlines() if len(line.split()) == 2]
     if res.returncode != 0 or not {"idle", "mixed"} & set(states):

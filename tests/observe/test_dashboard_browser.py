@@ -17,7 +17,10 @@ from dhmc.observe.metrics import install
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
+# Slow (each test starts headless chromium two or three times); the quick suite reads the dashboard's routes and
+# its page over HTTP (test_metrics.py).
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.browser,
     pytest.mark.timeout(240),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium"),

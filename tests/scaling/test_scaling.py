@@ -84,6 +84,7 @@ def test_strong_points_do_equal_work(strong_study):
         assert run["suspect"] in (None, "superlinear")  # never "unequal work"; superlinear: a noisy machine
 
 
+@pytest.mark.slow  # another study on another embedded cluster; the strong study runs quick
 def test_chains_study_on_one_worker(tmp_path):
     out = tmp_path / "chains"
     result = scaling.run_study("chains", chains_list=[8, 2], out=out, **TINY)

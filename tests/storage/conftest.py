@@ -23,12 +23,12 @@ HOLDER = textwrap.dedent("""
 
 
 @pytest.fixture(scope="session")
-def made_store(client1, tmp_path_factory):
+def made_store(client2, tmp_path_factory):
     """A store written by a real (tiny) run of the built-in coin_toss model; copy it before changing it."""
     import dhmc
 
     path = tmp_path_factory.mktemp("made") / "coin.zarr"
-    dhmc.sample("coin_toss", chains=8, draws=10, warmup=10, chains_per_task=4, cluster=client1, store=path,
+    dhmc.sample("coin_toss", chains=8, draws=10, warmup=10, chains_per_task=4, cluster=client2, store=path,
                 progress=False)
     return path
 

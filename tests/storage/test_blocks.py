@@ -20,7 +20,7 @@ def _block(layout, chains: int, draws: int, value: float) -> dict:
     return {**block, "position": np.full((chains, 1), value, np.float32)}
 
 
-def test_a_stopped_runs_block_is_refused_by_the_store_another_run_took_over(dhmc_store, client1):
+def test_a_stopped_runs_block_is_refused_by_the_store_another_run_took_over(dhmc_store, client2):
     """A block that finishes after its run's store was resumed (or overwritten) by another run is refused, and the
     other run's draws stay as they were; the owner's own block is written."""
     root, layout = open_store(dhmc_store)
@@ -28,7 +28,7 @@ def test_a_stopped_runs_block_is_refused_by_the_store_another_run_took_over(dhmc
     geometry = Geometry(spec["chains"], spec["draws"], spec["chains_per_task"], spec["draws_per_segment"])
     first = root.attrs[OWNER]
     assert first.startswith("dhmc-")
-    dhmc.resume(dhmc_store, cluster=client1, progress=False)  # a new run owns it now
+    dhmc.resume(dhmc_store, cluster=client2, progress=False)  # a new run owns it now
     root, _ = open_store(dhmc_store)
     owner = root.attrs[OWNER]
     before = root["posterior/p"][:]

@@ -45,9 +45,9 @@ def test_a_fixed_draws_store_opens_consolidated_without_warnings(dhmc_store):
     assert json.loads(tree["posterior"].attrs["dhmc_run_spec"])["draws"] == 10  # the final attrs, in every group
 
 
-def test_a_stopped_auto_store_opens_trimmed_without_warnings(client1, tmp_path):
+def test_a_stopped_auto_store_opens_trimmed_without_warnings(client2, tmp_path):
     path = tmp_path / "auto.zarr"
-    dhmc.sample(logdensity, cluster=client1, store=path, **AUTO)
+    dhmc.sample(logdensity, cluster=client2, store=path, **AUTO)
     tree = _open_quietly(path)
     draws = tree["posterior"].sizes["draw"]
     assert draws < AUTO["max_draws"] and tree["sample_stats"].sizes["draw"] == draws
@@ -56,11 +56,11 @@ def test_a_stopped_auto_store_opens_trimmed_without_warnings(client1, tmp_path):
     assert tree["dhmc"]["done"].all() and tree["dhmc"]["done"].shape[1] == tree["dhmc"]["position"].shape[1]
 
 
-def test_an_extended_store_is_read_right_before_and_after_its_resume(dhmc_store, client1):
+def test_an_extended_store_is_read_right_before_and_after_its_resume(dhmc_store, client2):
     continued_run(dhmc_store, more_draws=5)  # an extend whose run has not started (or was interrupted)
     assert not _consolidated(dhmc_store)  # no stale consolidated metadata of 10 draws
     assert dhmc.open_trace(dhmc_store)["posterior"]["p"].shape == (8, 15, 2)
-    resumed = dhmc.resume(dhmc_store, cluster=client1, progress=False)
+    resumed = dhmc.resume(dhmc_store, cluster=client2, progress=False)
     assert resumed["posterior"]["p"].shape == (8, 15, 2)
     assert _consolidated(dhmc_store)
     tree = _open_quietly(dhmc_store)
@@ -78,7 +78,7 @@ def test_arviz_takes_a_finished_store_without_warnings(dhmc_store):
     assert idata.posterior["p"].shape == (8, 10, 2)
 
 
-def test_an_extend_interrupted_mid_resize_is_completed_when_the_store_is_opened(dhmc_store, client1, monkeypatch):
+def test_an_extend_interrupted_mid_resize_is_completed_when_the_store_is_opened(dhmc_store, client2, monkeypatch):
     from dhmc.storage import rewrite
 
     calls = []
@@ -96,7 +96,7 @@ def test_an_extend_interrupted_mid_resize_is_completed_when_the_store_is_opened(
     monkeypatch.undo()
     root = zarr.open_group(str(dhmc_store), mode="r")
     assert json.loads(root.attrs["dhmc_run_spec"])["draws"] == 10 and rewrite.RESIZING in root.attrs
-    resumed = dhmc.resume(dhmc_store, cluster=client1, progress=False)  # completes the extend, then samples it
+    resumed = dhmc.resume(dhmc_store, cluster=client2, progress=False)  # completes the extend, then samples it
     assert resumed["posterior"]["p"].shape == (8, 15, 2) and not resumed["posterior"]["p"].isnull().any()
     assert resumed["sample_stats"]["lp"].shape == (8, 15)
     root = zarr.open_group(str(dhmc_store), mode="r")

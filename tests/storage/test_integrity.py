@@ -40,7 +40,7 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
-def test_a_damaged_block_is_found_refused_by_extend_and_run_again_by_resume(damage, dhmc_store, client1, caplog,
+def test_a_damaged_block_is_found_refused_by_extend_and_run_again_by_resume(damage, dhmc_store, client2, caplog,
                                                                             capsys):
     before = _posterior(dhmc_store)
     spoil, what = DAMAGES[damage]
@@ -49,9 +49,9 @@ def test_a_damaged_block_is_found_refused_by_extend_and_run_again_by_resume(dama
     assert capsys.readouterr().out.startswith("damaged: ")
     with pytest.raises(StoreError, match=r"^[12] block\(s\) of .* marked done are damaged \(the first, chunk \d "
                                          rf"segment 0: {what}\): dhmc resume .* runs them again, then extend it$"):
-        dhmc.extend(dhmc_store, 10, cluster=client1, progress=False)
+        dhmc.extend(dhmc_store, 10, cluster=client2, progress=False)
     with caplog.at_level("WARNING", logger="dhmc"):
-        dhmc.resume(dhmc_store, cluster=client1, progress=False)
+        dhmc.resume(dhmc_store, cluster=client2, progress=False)
     assert "this resume runs them again" in caplog.text
     np.testing.assert_array_equal(_posterior(dhmc_store), before)  # bitwise: the block ran again from its start
     capsys.readouterr()
@@ -59,14 +59,14 @@ def test_a_damaged_block_is_found_refused_by_extend_and_run_again_by_resume(dama
     assert "damaged" not in capsys.readouterr().out
 
 
-def test_an_array_edited_after_the_run_is_one_line(dhmc_store, client1):
+def test_an_array_edited_after_the_run_is_one_line(dhmc_store, client2):
     meta = dhmc_store / "sample_stats/n_steps/zarr.json"
     doc = json.loads(meta.read_text())
     doc["data_type"] = "int64"
     meta.write_text(json.dumps(doc))
     with pytest.raises(StoreError, match=r"is broken: sample_stats/n_steps is int64\[8, 10\] where its run spec says "
                                          r"int32\[8, 10\]; it was changed after dhmc wrote it"):
-        dhmc.resume(dhmc_store, cluster=client1, progress=False)
+        dhmc.resume(dhmc_store, cluster=client2, progress=False)
 
 
 def test_summary_of_an_unfinished_run_says_how_much_is_done(dhmc_store, capsys):

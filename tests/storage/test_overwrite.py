@@ -15,11 +15,11 @@ from dhmc.storage.zarr_ import StoreError, check_writable, is_dhmc_store
 REFUSED = "exists and is not a dhmc store; refusing to overwrite it: remove it yourself or choose another path"
 
 
-def test_a_real_run_overwrites_a_dhmc_store(dhmc_store, client1):
+def test_a_real_run_overwrites_a_dhmc_store(dhmc_store, client2):
     assert is_dhmc_store(dhmc_store)
     with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
         check_writable(dhmc_store, overwrite=False)
-    trace = dhmc.sample("coin_toss", chains=8, draws=10, warmup=10, seed=7, chains_per_task=4, cluster=client1,
+    trace = dhmc.sample("coin_toss", chains=8, draws=10, warmup=10, seed=7, chains_per_task=4, cluster=client2,
                         store=dhmc_store, overwrite=True, progress=False)
     spec = json.loads(zarr.open_group(str(dhmc_store), mode="r").attrs["dhmc_run_spec"])
     assert spec["seed"] == 7

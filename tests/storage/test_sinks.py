@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dhmc.distributed.worker import BlockResult
 from dhmc.geometry import Geometry
 from dhmc.storage import schema
 from dhmc.storage.sinks import FIRST_SEGMENTS, MemorySink
+from dhmc.types import BlockResult
 
 GEOMETRY = Geometry(chains=8, draws=10_000, chains_per_task=4, draws_per_segment=10)
 LAYOUT = schema.Layout(posterior={"x": schema.VariableSpec((3,), "float32", ("x_dim_0",))},
