@@ -1,5 +1,5 @@
-"""Type aliases shared across dhmc, the names of the sample statistics, and what a block sends back (a leaf: it imports no JAX at run time,
-so that storage, which takes the names from here, stays light to import)."""
+"""Type aliases shared across dhmc, the names of the sample statistics, and what a block sends back (a leaf: it
+imports no JAX at run time, so that storage, which takes the names from here, stays light to import)."""
 
 from __future__ import annotations
 
