@@ -118,7 +118,6 @@ def test_gammaln_and_logsumexp():
     assert np.allclose(_lp(trace), exact, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.slow
 def test_fori_loop_and_a_constant_while_loop():
     """A sum of squares by ``fori_loop``; a ``while_loop`` (on constants) adding a series to the log density."""
     mean, sd = np.array([1.0, -1.0, 3.0, 0.0]), np.array([0.5, 1.0, 2.0, 1.5])
@@ -168,7 +167,6 @@ def _softplus_jvp(primals, tangents):
     return softplus(v), jax.nn.sigmoid(v) * dv
 
 
-@pytest.mark.slow
 def test_custom_jvp():
     """x = softplus(v) ~ Gamma(4, 2), with softplus a ``custom_jvp`` and log-Jacobian log sigmoid(v) = -softplus(-v)."""
     a, b = 4.0, 2.0
