@@ -52,6 +52,7 @@ def test_log_likelihood_group_matches_numpyro_and_feeds_loo(client2, tmp_path, s
         np.testing.assert_array_equal(reopened["log_likelihood"]["obs"].values, pointwise.values)
 
 
+@pytest.mark.slow  # quick, test_store_safety.py resumes a store bitwise and the test above checks the group's values
 def test_log_likelihood_resumes_bitwise(client2, tmp_path):
     """A resumed run's log-likelihoods, like its draws, are those of an uninterrupted one."""
     from dhmc.storage import zarr_

@@ -49,8 +49,9 @@ def _lp(trace):
 # -- JAX log densities ----------------------------------------------------------------------------------
 
 
-# Quick, LAPACK in the programs the driver compiles runs in test_options_matrix.py (its embedded case has a dense
-# metric: a Cholesky in every block) and test_embedded.py (a Cholesky model's executable loaded in a fresh process).
+# Quick, LAPACK in the programs the driver compiles runs in test_embedded.py: a dense metric's Cholesky in every block
+# (test_driver_compiled_executables_give_bitwise_the_same_draws[dense-x64]), a Cholesky model's executable loaded in
+# a fresh process (test_an_executable_with_lapack_calls_runs_in_a_fresh_process).
 @pytest.mark.slow
 def test_cholesky_solve_triangular_slogdet():
     """x | s ~ N(MEAN, s^2 COV), log s ~ N(0, 0.3^2), the normal log pdf by hand.
@@ -144,6 +145,7 @@ def test_fori_loop_and_a_constant_while_loop():
     assert np.allclose(_lp(trace), -0.5 * np.sum(((x - mean) / sd) ** 2, -1) + 1.0, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.slow  # an embedded cluster started for it; quick, test_sample.py and test_cli.py check bad log densities
 def test_while_loop_on_the_position_is_a_clear_error():
     """Reverse-mode derivatives do not go through ``while_loop``: JAX's own message, not a crash or a hang."""
 

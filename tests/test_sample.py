@@ -51,9 +51,10 @@ def test_logdensity_with_client_gaussian_2d(client2):
     assert abs(np.corrcoef(flat.T)[0, 1] + 0.75) < 0.02
 
 
-# MAMS shares ChEES's block programs and automatic warmup: its case runs in the slow suite.
+# The default (ChEES, automatic warmup) runs quick; MAMS (ChEES's block programs and automatic warmup) and a fixed
+# warmup in the slow suite.
 @pytest.mark.parametrize("kernel, warmup", [("chees", "auto"), pytest.param("mams", "auto", marks=pytest.mark.slow),
-                                            ("chees", 150)])
+                                            pytest.param("chees", 150, marks=pytest.mark.slow)])
 def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel, warmup):
     kw = dict(init={"x": jnp.zeros(3)}, chains=64, draws=120, warmup=warmup, seed=5, chains_per_task=16,
               progress=False, kernel=kernel)
@@ -163,7 +164,8 @@ def test_script_without_main_guard_runs_on_embedded_cluster(tmp_path):
     assert "NOGUARD_OK (32, 50, 2)" in out.stdout, out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kernel", ["hmc", "chees", pytest.param("mams", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kernel", ["hmc", pytest.param("chees", marks=pytest.mark.slow),
+                                    pytest.param("mams", marks=pytest.mark.slow)])
 def test_fixed_parameters_without_adaptation(client2, kernel):
     trace = dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=32, draws=50,
                         warmup=10, kernel=kernel, step_size=0.3, num_steps=5, adapt=False, cluster=client2,
@@ -178,6 +180,9 @@ def test_fixed_parameters_without_adaptation(client2, kernel):
         assert np.all(steps == steps[:1])
 
 
+# Slow: a cluster of its own. Quick, test_delivery.py samples on an embedded cluster over TLS (where the machine has
+# an address off loopback).
+@pytest.mark.slow
 def test_tls_cluster(tmp_path):
     """A cluster whose every connection is TLS: dhmc only needs its Client."""
     from distributed import Client, LocalCluster

@@ -31,6 +31,7 @@ DRIVER = textwrap.dedent("""
     from dhmc.storage import sinks
 
     store, point, after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    cluster = sys.argv[4] if len(sys.argv) > 4 else None  # a scheduler's address; else the embedded cluster
     calls = [0]
     write, flush = sinks.StoreSink.write, sinks.StoreSink.flush
 
@@ -52,7 +53,7 @@ DRIVER = textwrap.dedent("""
     sinks.StoreSink.write, sinks.StoreSink.flush = stop_in_write, stop_after_flush
     if point == "before-sampling":
         runner.Runner.sample = lambda *a, **k: os._exit(9)
-    dhmc.sample("gaussian_2d", store=store, **{kw})
+    dhmc.sample("gaussian_2d", store=store, cluster=cluster, **{kw})
 """).replace("{kw}", repr(KW))
 
 
@@ -78,9 +79,13 @@ def reference(client2, tmp_path_factory):
 @pytest.mark.parametrize("point, after", [("before-done", 3), pytest.param("after-done", 5, marks=pytest.mark.slow),
                                           pytest.param("before-sampling", 0, marks=pytest.mark.slow)])
 def test_a_driver_killed_at_a_fixed_point_of_a_write_resumes_bitwise(tmp_path, client2, reference, point, after):
+    """The killed driver runs on the session's cluster, which outlives it as a user's cluster would (no embedded
+    cluster to start): a block of its still running when it dies is never marked done, and once the resume owns the
+    store it may not write there at all. test_workers_die_with_a_driver_killed_by_sigkill_and_leave_no_folders kills
+    an embedded cluster's driver."""
     store = tmp_path / "killed.zarr"
-    run = subprocess.run([sys.executable, "-c", DRIVER, str(store), point, str(after)], capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", DRIVER, str(store), point, str(after), client2.scheduler.address],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 9, run.stderr[-2000:]
     done = _done(store)
     on_disk = int(run.stdout.split()[-1]) if point != "before-sampling" else 0

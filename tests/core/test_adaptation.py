@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +19,14 @@ from dhmc.distributed import warmup
 
 def _mean_gradient(length: float, step_size: float = 0.05, chains: int = 512, iterations: int = 64) -> float:
     """The criterion's gradient at a fixed ``T`` on exact draws of N(0, I_4), averaged over the jitter."""
+    return float(_gradients(jnp.float32(length), jnp.float32(step_size), chains, iterations).mean())
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))  # T and the step are arguments: one compile for every T
+def _gradients(length, step_size, chains: int, iterations: int):
     f = lambda x: -0.5 * jnp.sum(x**2)
     keys = chain_keys(0, jnp.arange(chains, dtype=jnp.uint32))
-    params = Params(jnp.float32(step_size), jnp.ones(4), jnp.float32(length))
+    params = Params(step_size, jnp.ones(4), length)
     ch = chees_trajectory()
 
     def body(states, i):
@@ -31,8 +38,8 @@ def _mean_gradient(length: float, step_size: float = 0.05, chains: int = 512, it
         return states, new.adam_m / (1 - 0.8)  # Adam's first moment after one step: (1 - beta1) * gradient
 
     states = init_states(f, jax.random.normal(jax.random.PRNGKey(1), (chains, 4)))
-    _, gradients = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(iterations)))(states)
-    return float(gradients.mean())
+    _, gradients = jax.lax.scan(body, states, jnp.arange(iterations))
+    return gradients
 
 
 def test_the_criterion_per_gradient_pulls_a_trajectory_back_from_either_side():

@@ -49,8 +49,11 @@ def test_equipartition_is_near_zero_at_the_posterior():
     assert fisher.equipartition(_moments(x), xp=np) < 0.01
 
 
+_RUN = jax.jit(cold_chunk(_gaussian))  # one program for every test: each shape of block compiles once
+
+
 def _cold(x0: np.ndarray, iterations: int, step: float = 0.1):
-    run = jax.jit(cold_chunk(_gaussian))
+    run = _RUN
     keys = chain_keys(0, jnp.arange(x0.shape[0], dtype=jnp.uint32))
     metric = fisher.fisher_variance(_moments(x0), xp=np)  # the start's gradient metric, as warmup's round 0
     params = ColdParams(jnp.float32(step), jnp.asarray(metric, jnp.float32))
@@ -86,8 +89,7 @@ def test_a_block_of_one_chain_keeps_its_step_and_a_chain_without_gradient_still_
     end, stats = _cold(np.float32(MEAN[None] + 0.1 * SDS), 20)
     assert float(stats.step_size) <= 0.1 and np.all(np.isfinite(np.asarray(end)))
     at_mode = np.float32(np.repeat(MEAN[None], 8, axis=0))
-    run = jax.jit(cold_chunk(_gaussian))
     keys = chain_keys(0, jnp.arange(8, dtype=jnp.uint32))
     params = ColdParams(jnp.float32(0.1), jnp.asarray(SDS**2, jnp.float32))
-    moved, stats = run(keys, jnp.asarray(at_mode), params, jnp.int32(0), jnp.int32(5))
+    moved, stats = _RUN(keys, jnp.asarray(at_mode), params, jnp.int32(0), jnp.int32(5))
     assert int(stats.nans) == 0 and not np.allclose(np.asarray(moved), at_mode)

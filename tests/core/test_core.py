@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,6 +96,7 @@ def test_a_proposal_whose_log_density_overflows_to_plus_inf_is_a_divergence():
         raise AssertionError("no proposal left the region")
 
 
+@pytest.mark.slow  # quick, test_options_matrix.py recovers a correlated Gaussian with ChEES and a dense metric
 def test_ensemble_sampling_recovers_a_badly_scaled_gaussian_with_dense_mass():
     cov = np.array([[1.0, 0.95 * 30], [0.95 * 30, 900.0]])
     prec = jnp.asarray(np.linalg.inv(cov))

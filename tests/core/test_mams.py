@@ -49,7 +49,7 @@ def test_isokinetic_steps_conserve_energy_as_step_size_shrinks():
     assert errors[2] < 0.05, errors
 
 
-@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("dense", [pytest.param(False, marks=pytest.mark.slow), True])  # a diagonal metric: slow
 def test_exact_draws_stay_exact_under_the_kernel(dense):
     """Start 4096 chains at exact draws; after 20 MAMS transitions they still have the exact moments."""
     n = 4096

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+from contextlib import suppress
 from pathlib import Path
 
 import dask.config
@@ -32,7 +33,7 @@ def dynlib(monkeypatch):
         del sys.modules[name]
 
 
-def test_a_model_a_library_builds_at_import_runs_with_worker_setup(dynlib, client2, tmp_path):
+def test_a_model_a_library_builds_at_import_runs_with_worker_setup(dynlib, client1, client2, tmp_path):
     mean, sd = np.array([1.0, -2.0]), np.array([0.5, 2.0])
     target = dynlib.Gaussian(jnp.asarray(mean), jnp.asarray(sd))
     run = dict(init=jnp.zeros(2), chains=64, draws=200, warmup=200, seed=3, progress=False)
@@ -42,15 +43,23 @@ def test_a_model_a_library_builds_at_import_runs_with_worker_setup(dynlib, clien
     with pytest.raises(ClusterError, match=r"cannot unpickle the target: .*dynlib.*dhmc.worker-setup"):
         dhmc.sample(target, cluster=client2, **run)
 
+    # With it, on the session's one-worker cluster (as on the embedded one: dhmc registers the set-up with the
+    # run's Client), which keeps the set-up's plugin until it is taken off again here
     store = tmp_path / "dyn.zarr"
-    with dask.config.set({"dhmc.worker-setup": [str(USERLIBS / "setup_dynlib.py")]}):
-        trace = dhmc.sample(target, store=store, **run)
+    try:
+        with dask.config.set({"dhmc.worker-setup": [str(USERLIBS / "setup_dynlib.py")]}):
+            trace = dhmc.sample(target, store=store, cluster=client1, **run)
+    finally:
+        from dhmc.distributed.setup import WorkerSetup
+
+        with suppress(ValueError):  # none if the run failed before it registered one
+            client1.unregister_worker_plugin(WorkerSetup.name)
     x = trace["posterior"]["x"].values.reshape(-1, 2)
     ess = len(x) / 10  # conservative: 12,800 draws of a Gaussian the sampler mixes well on
     assert np.all(np.abs(x.mean(0) - mean) < 5 * sd / np.sqrt(ess)), x.mean(0)
     assert np.all(np.abs(x.std(0) / sd - 1) < 0.05), x.std(0)
 
-    # where each block ran: this host, the embedded workers' loopback addresses
+    # where each block ran: this host, the workers' loopback addresses
     where = zarr.open_group(str(store), mode="r")["dhmc"]
     assert set(where["host"][...].ravel()) == {socket.gethostname()}
     assert all(w.startswith("tcp://127.0.0.1:") for w in where["worker"][...].ravel())

@@ -24,14 +24,29 @@ def logdensity(p):
     return -0.5 * jnp.sum((p["x"] - 1.0) ** 2 / jnp.arange(1.0, 4.0))
 
 
-def test_driver_compiled_executables_give_bitwise_the_same_draws(client2):
+def logdensity_x64(p):
+    """``logdensity`` again, for runs with x64: a worker keeps the model it built for a target (by its pickle's
+    hash) whatever the run's x64, so one cluster must not see the same function with and without it."""
+    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2 / jnp.arange(1.0, 4.0))
+
+
+# The quick case has a dense metric (a Cholesky, a LAPACK call, in every block program) and x64: with
+# test_options_matrix.py's client2 case of the same options it stands for the embedded case of that matrix.
+@pytest.mark.parametrize("dense_mass, x64", [pytest.param(False, False, marks=pytest.mark.slow), (True, True)],
+                         ids=["diag-x32", "dense-x64"])
+def test_driver_compiled_executables_give_bitwise_the_same_draws(client2, dense_mass, x64):
     """The embedded cluster runs executables the driver compiled; client2's workers compile their own."""
+    import jax
+
     import dhmc
 
     kw = dict(init={"x": jnp.zeros(3)}, chains=48, draws=60, warmup=100, seed=3, chains_per_task=16,
-              progress=False)
-    shipped = dhmc.sample(logdensity, **kw)
-    compiled = dhmc.sample(logdensity, cluster=client2, **kw)
+              dense_mass=dense_mass, progress=False)
+    target = logdensity_x64 if x64 else logdensity
+    with jax.enable_x64(x64):
+        shipped = dhmc.sample(target, **kw)
+        compiled = dhmc.sample(target, cluster=client2, **kw)
+    assert shipped["posterior"]["x"].dtype == (np.float64 if x64 else np.float32)
     for group in ("posterior", "sample_stats"):
         for name in shipped[group].data_vars:
             assert np.array_equal(shipped[group][name].values, compiled[group][name].values), (group, name)
@@ -108,8 +123,9 @@ def test_an_executable_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
     assert "lp" in run.stdout
 
 
-# Quick, a dense metric's Cholesky in the programs the driver compiles runs in test_options_matrix.py (its embedded
-# case), a model's own in test_model_features.py (test_cholesky_solve_triangular_slogdet).
+# Quick, a dense metric's Cholesky in the programs the driver compiles runs in the dense-x64 case of
+# test_driver_compiled_executables_give_bitwise_the_same_draws, and a Cholesky model's executable in
+# test_an_executable_with_lapack_calls_runs_in_a_fresh_process.
 @pytest.mark.slow
 def test_dense_mass_and_cholesky_models_run_on_the_embedded_cluster():
     import dhmc

@@ -156,6 +156,7 @@ def test_a_custom_gradient_is_part_of_it():
     assert fingerprint(with_gradient(1.0)) != fingerprint(with_gradient(2.0))
 
 
+@pytest.mark.slow  # builds every example here (each NumPyro one op by op) to time its fingerprint
 def test_it_is_fast_for_the_examples():
     models = [example(name).build() for name in EXAMPLES]
     fingerprint(models[0])  # the first trace in a process pays for some of JAX's own set-up

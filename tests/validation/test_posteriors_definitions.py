@@ -39,13 +39,6 @@ WITH_NUMPYRO = [p for p in POSTERIORS if p.numpyro_model is not None]
 NUMPYRO_IDS = [i for p, i in zip(POSTERIORS, IDS, strict=True) if p.numpyro_model is not None]
 
 
-def first_quick(posteriors: list) -> list:
-    """The posteriors as parameters, all but the first marked slow: the checks that trace and compile each
-    posterior's log density (about a second each) guard the slow suite's validation and the benchmarks that
-    sample them, so the quick suite runs them on one posterior and the slow one on every other."""
-    return [p if i == 0 else pytest.param(p, marks=pytest.mark.slow) for i, p in enumerate(posteriors)]
-
-
 def _finite(tree) -> bool:
     return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(tree))
 
@@ -92,7 +85,8 @@ def test_shapes_and_reference_names(post):
 
 
 @pytest.mark.parametrize("x64", [False, True], ids=["f32", "f64"])
-@pytest.mark.parametrize("post", first_quick(POSTERIORS), ids=IDS)
+@pytest.mark.slow  # traces and compiles each posterior (~1 s each): for the slow validation and the benchmarks
+@pytest.mark.parametrize("post", POSTERIORS, ids=IDS)
 def test_logdensity_and_gradient_finite_at_init(post, x64):
     with jax.enable_x64(x64):
         dtype = jnp.float64 if x64 else jnp.float32
@@ -108,7 +102,8 @@ def test_logdensity_and_gradient_finite_at_init(post, x64):
         assert _finite(grad)
 
 
-@pytest.mark.parametrize("post", first_quick(POSTERIORS), ids=IDS)
+@pytest.mark.slow  # traces and compiles each posterior (~1 s each): for the slow validation and the benchmarks
+@pytest.mark.parametrize("post", POSTERIORS, ids=IDS)
 def test_logdensity_follows_dtype_and_vmaps(post):
     with jax.enable_x64(True):
         lp32 = post.logdensity(post.init_as(jnp.float32))
@@ -130,7 +125,8 @@ def test_reference_round_trip(post):
         np.testing.assert_allclose(back[k], sub[k], rtol=1e-10, atol=1e-12, err_msg=k)
 
 
-@pytest.mark.parametrize("post", first_quick(WITH_NUMPYRO), ids=NUMPYRO_IDS)
+@pytest.mark.slow  # traces and compiles each posterior (~1 s each): for the slow validation and the benchmarks
+@pytest.mark.parametrize("post", WITH_NUMPYRO, ids=NUMPYRO_IDS)
 def test_logdensity_matches_numpyro_potential(post):
     """logdensity(x) + potential_energy(numpyro_model, x) is constant (in fact 0) over points."""
     from numpyro.infer.util import potential_energy
@@ -156,7 +152,8 @@ def test_logdensity_matches_numpyro_potential(post):
         np.testing.assert_allclose(g_lp[k], -g_pe[k], rtol=0, atol=1e-10 * scale, err_msg=k)
 
 
-@pytest.mark.parametrize("post", first_quick(WITH_NUMPYRO), ids=NUMPYRO_IDS)
+@pytest.mark.slow  # traces and compiles each posterior (~1 s each): for the slow validation and the benchmarks
+@pytest.mark.parametrize("post", WITH_NUMPYRO, ids=NUMPYRO_IDS)
 def test_numpyro_to_reference_names(post):
     from numpyro.infer.util import constrain_fn
 
