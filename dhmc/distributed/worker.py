@@ -32,7 +32,7 @@ from dhmc.types import BlockResult
 
 __all__ = ["Job", "BlockResult", "run_job", "prepare_process", "dask_setup", "load_model"]
 
-_MODELS: dict[str, Any] = {}
+_MODELS: dict[tuple[str, bool], Any] = {}
 _PROGRAMS: dict[tuple, Any] = {}
 _CACHE_SIZE = 16
 _PREPARED = False
@@ -121,17 +121,18 @@ def dask_setup(worker=None) -> None:
     jax.devices()
 
 
-def load_model(token: str, blob: bytes | np.ndarray):
-    """The target's flat model, unpickled and built once per process."""
-    if token not in _MODELS:
+def load_model(token: str, blob: bytes | np.ndarray, x64: bool):
+    """The target's flat model, unpickled and built once per process and precision (x64 sets its dtype)."""
+    key = (token, x64)
+    if key not in _MODELS:
         try:
             target = cloudpickle.loads(memoryview(blob))
         except (ImportError, AttributeError) as e:  # a module the driver had and this worker has not
             raise ClusterError(f"worker on {socket.gethostname()} cannot unpickle the target: {type(e).__name__}: "
                                f"{e}; install it there, or import what builds it on every worker with "
                                "dhmc.worker-setup (dhmc sample --worker-setup MODULE_OR_SCRIPT)") from None
-        _MODELS[token] = target.build()
-    return _MODELS[token]
+        _MODELS[key] = target.build()
+    return _MODELS[key]
 
 
 def _read(path: str | None) -> bytes | None:
@@ -163,7 +164,7 @@ def run_job(job: Job) -> BlockResult:
         sys.stderr.write(f"dhmc: {job.run_id} runs the {job.describe()}\n")
     jax.config.update("jax_enable_x64", job.x64)
     prepare_process()
-    model = load_model(job.model_token, job.model_blob)
+    model = load_model(job.model_token, job.model_blob, job.x64)
     dtype = model.dtype
     kind = ColdParams if job.phase == "cold" else Params
     params = kind(*(jnp.asarray(job.params[k], dtype) for k in kind._fields))
