@@ -9,8 +9,9 @@
 #   sbatch deploy/sbatch-driver.sh mypkg.models:model /scratch/$USER/run.zarr --data data.npz   # your model,
 #     imported from the submission folder (sbatch's working directory); its data is kept in the store
 #
-# If the job is killed (walltime, preemption), `dhmc resume STORE`, run the same way, continues
-# from the blocks already in the store.
+# If the job is killed (walltime, preemption), `dhmc resume STORE` (with `--model MODEL` for your own
+# model: a store never imports the module it names unasked), run the same way, continues from the
+# blocks already in the store.
 #
 #SBATCH --job-name=dhmc-driver
 #SBATCH --ntasks=1

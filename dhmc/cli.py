@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("resume", help="continue an interrupted run from its store")
     r.add_argument("store")
+    r.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
+                   help="the store's own model (pkg.module:function), to confirm that it may be imported and run")
     r.add_argument("--force", action="store_true",
                    help="resume even with another model, data, dhmc or JAX version than the store's run")
     _cluster_args(r)
@@ -77,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("extend", help="add draws to a finished run, bitwise as one longer run")
     e.add_argument("store")
     e.add_argument("--draws", type=int, required=True, help="draws per chain to add")
+    e.add_argument("--model", default=None, metavar="MODULE:FUNCTION", help="as for resume")
     e.add_argument("--force", action="store_true", help="as for resume")
     _cluster_args(e)
 
@@ -160,7 +163,7 @@ def _resume(args) -> int:
     import dhmc
 
     trace = dhmc.resume(args.store, cluster=args.cluster, cluster_options=dict(args.cluster_option),
-                        progress=args.progress, force=args.force)
+                        progress=args.progress, force=args.force, target=args.model)
     _print_result(trace, args.store)
     return 0
 
@@ -169,7 +172,7 @@ def _extend(args) -> int:
     import dhmc
 
     trace = dhmc.extend(args.store, args.draws, cluster=args.cluster, cluster_options=dict(args.cluster_option),
-                        progress=args.progress, force=args.force)
+                        progress=args.progress, force=args.force, target=args.model)
     _print_result(trace, args.store)
     return 0
 

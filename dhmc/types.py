@@ -50,6 +50,7 @@ class BlockResult:
     written: dict | None = None  # sample, with a store: the shapes the worker wrote there
     write_seconds: float = 0.0
     head: dict | None = field(default=None, repr=False)  # with a store: the first chains' posterior draws
+    program: str = "cached"  # its program: "loaded" (the driver's executable), "compiled" here, or "cached"
 
     @property
     def head_draws(self) -> dict | None:

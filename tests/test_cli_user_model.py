@@ -97,7 +97,9 @@ def test_a_log_density_with_data_and_init_and_its_resume(project):
     assert out.returncode == 0, out.stderr[-2000:]
     root, _ = zarr_.open_store(project / "cut.zarr")
     root["dhmc/done"][1, -1] = 0  # the last block of the second chunk: written again on resume
-    resumed = dhmc_cli(project, "resume", "cut.zarr", "--no-progress")  # nothing but the store
+    refused = dhmc_cli(project, "resume", "cut.zarr", "--no-progress")  # a store does not import code unasked
+    assert refused.returncode == 2 and "--model mymodels:shifted_gaussian" in refused.stderr, refused.stderr[-2000:]
+    resumed = dhmc_cli(project, "resume", "cut.zarr", "--model", "mymodels:shifted_gaussian", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     np.testing.assert_array_equal(dhmc.open_trace(project / "cut.zarr")["posterior"]["x"].values, draws)
 

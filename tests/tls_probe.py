@@ -57,3 +57,22 @@ def refused(address: str, context: ssl.SSLContext | None) -> bool:
     except Exception:  # noqa: BLE001 - any failure to talk is a refusal
         return True
     return False
+
+
+def http_status(url: str, context: ssl.SSLContext | None = None) -> int | None:
+    """The HTTP status of GET ``url`` (over ``context`` for https), None where the server refused to talk."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception:  # noqa: BLE001 - a reset, a failed handshake, a plain answer to TLS: a refusal
+        return None
+
+
+def worker_http_ports(client) -> dict:
+    """``{worker address: port of its HTTP server}``."""
+    return {address: info["services"]["dashboard"] for address, info in client.scheduler_info()["workers"].items()}

@@ -26,8 +26,9 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
                   observers=()) -> RunContext:
     """The :class:`RunContext` that continues the run in ``path``, checked before any cluster starts.
 
-    The model is the store's (a built-in name, or a ``module:function`` with the data and init kept
-    in the store) unless ``target`` is given; it must be the store's own unless ``force``. With
+    The model is the store's built-in name unless ``target`` is given; a store's ``module:function`` is
+    imported only when ``target`` names it again (the data and init kept in the store come with it),
+    since a store from elsewhere must not run code. The model must be the store's own unless ``force``. With
     ``more_draws`` the finished store first makes room for that many more draws per chain.
     """
     from dhmc.storage import rewrite, zarr_
@@ -44,7 +45,11 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
         raise zarr_.StoreError(f"the run in {path} is not finished: dhmc resume {path} first, then extend it")
     if spec.x64 and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)
-    if target is None and is_reference(spec.model):  # its data and init are in the store
+    if target is None and is_reference(spec.model):  # a store names code to import: only the user may run it
+        command = f"dhmc extend {path} --draws {more_draws}" if more_draws is not None else f"dhmc resume {path}"
+        raise ValueError(f"the run in {path} sampled {spec.model!r}, which continuing it imports and runs: confirm "
+                         f"it with {command} --model {spec.model} (Python: target={spec.model!r})")
+    if target == spec.model and is_reference(target):  # confirmed: its data and init are in the store
         kept = zarr_.load_inputs(root)
         model_kwargs, init = model_kwargs or kept["model_kwargs"], init if init is not None else kept["init"] or None
     elif target is None and spec.model.startswith("python:"):

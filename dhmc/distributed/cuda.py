@@ -22,8 +22,7 @@ def cuda_cluster(n_workers=None, host="127.0.0.1", dashboard_address="127.0.0.1:
     os.environ.setdefault("JAX_CUDA_VISIBLE_DEVICES", "0")  # each worker's first visible GPU is its own
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_CLIENT_MEM_FRACTION", str(memory_fraction))
-    security = network.security_for(host, kwargs.pop("security", None))
-    if security is not None:
-        kwargs.update(security=security, protocol="tls://")
+    security = network.security_for(host, kwargs.pop("security", None))  # mutual TLS, on loopback too
+    kwargs.update(security=security, protocol="tls://" if security.require_encryption else "tcp://")
     return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1, host=host,
                             dashboard_address=dashboard_address, resources={"GPU": 1}, **kwargs)

@@ -218,7 +218,8 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
                   pin: bool = True, memory_limit=0, max_restarts: int = 10, security=None) -> SpecCluster:
     """The embedded cluster: an in-process scheduler and one pinned worker per core, on loopback by default.
 
-    On another ``host`` it uses TLS: ``security`` (a ``distributed.security.Security``), or per-run certificates.
+    Its comms use mutual TLS, on loopback too: ``security`` (a ``distributed.security.Security``), or per-run
+    certificates (:func:`~dhmc.distributed.network.security_for`).
     """
     cores = available_cores()
     n_workers = n_workers or len(cores)
@@ -230,17 +231,17 @@ def local_cluster(n_workers: int | None = None, host: str = "127.0.0.1", dashboa
     remove_orphaned_folders()  # of drivers killed before they could
     log_dir = tempfile.mkdtemp(prefix=temporary_prefix("workers"))
     security = network.security_for(host, security)
-    env = network.security_env(security, os.path.join(log_dir, "tls")) if security is not None else {}
+    env = network.security_env(security, os.path.join(log_dir, "tls"))
     env[_WORKER_PROFILER] = "False"
     workers = {}
     for i in range(n_workers):
         mine = [cores[i % len(cores)]] if pin and n_workers <= len(cores) else None
         workers[f"dhmc-{i}"] = {"cls": PinnedWorker, "options": {
-            "cores": mine, "max_restarts": max_restarts, "worker_class": "distributed.Worker",
+            "cores": mine, "max_restarts": max_restarts, "worker_class": network.SECURE_WORKER,
             "log_file": os.path.join(log_dir, f"dhmc-{i}.log"), "env": env,
             "worker_kwargs": {**worker_opts, "name": f"dhmc-{i}"}, "name": f"dhmc-{i}"}}
     port = _free_port(host)
-    protocol = "tls" if security is not None else "tcp"
+    protocol = "tls" if security.require_encryption else "tcp"
     scheduler = {"cls": Scheduler, "options": {"host": host, "port": port, "dashboard_address": dashboard_address,
                                                "dashboard": False,  # connected on demand: DashboardOnDemand
                                                "protocol": protocol, "security": security}}

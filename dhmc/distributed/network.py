@@ -1,8 +1,10 @@
-"""Where a cluster dhmc starts listens, and its TLS: plain TCP on loopback, TLS with per-run certificates beyond.
+"""Where a cluster dhmc starts listens, and its TLS: per-run certificates that every peer must show.
 
-A scheduler reachable from other hosts accepts anyone who can reach it and runs what they submit; so
-any cluster dhmc starts that listens beyond 127.0.0.1 uses TLS, with certificates made for the run
-(:meth:`distributed.security.Security.temporary`), unless the user gives a ``Security`` of their own.
+A Dask scheduler runs what any client that reaches it submits (``Client.run``), and loopback is
+reached by every user of the machine (a shared login node), so every cluster dhmc starts uses
+mutual TLS with certificates made for the run (:meth:`distributed.security.Security.temporary`),
+whose files only this user can read, unless the user gives a ``Security`` of their own. The
+workers' HTTP endpoints (``/metrics``, ``/health``) follow the same rule (:class:`SecureWorker`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import shutil
 import socket
 import subprocess
 
-__all__ = ["is_loopback", "route_to", "slurm_nodes", "scheduler_host", "security_for", "security_env"]
+from distributed import Worker
+
+__all__ = ["is_loopback", "route_to", "slurm_nodes", "scheduler_host", "security_for", "security_env",
+           "SecureWorker", "SECURE_WORKER"]
 
 
 def is_loopback(host: str | None) -> bool:
@@ -71,12 +76,15 @@ def scheduler_host(nodes: list[str] | None = None) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def security_for(host: str | None, security=None):
-    """The user's ``security``, else None on loopback, else per-run certificates (``Security.temporary()``)."""
+def security_for(host: str | None = None, security=None):
+    """The user's ``security``, else per-run certificates (``Security.temporary()``), on loopback too.
+
+    ``host`` only names where the cluster listens, for the error without the cryptography package.
+    """
     if security is False:
         raise ValueError("security=False: give a distributed.security.Security, or None for dhmc's default "
-                         "(plain TCP on 127.0.0.1, TLS with per-run certificates beyond)")
-    if security is not None or is_loopback(host):
+                         "(mutual TLS with per-run certificates)")
+    if security is not None:
         return security
     from distributed.security import Security
 
@@ -85,8 +93,8 @@ def security_for(host: str | None, security=None):
     except ImportError:
         from dhmc.errors import ClusterError
 
-        raise ClusterError(f"a cluster listening on {host or 'every interface'} needs TLS certificates, made with "
-                           "the cryptography package: pip install cryptography") from None
+        raise ClusterError(f"the cluster on {host or 'every interface'} needs TLS certificates, made with the "
+                           "cryptography package: pip install cryptography") from None
 
 
 def security_env(security, folder: str) -> dict:
@@ -97,7 +105,7 @@ def security_env(security, folder: str) -> dict:
     """
     tls = security.get_tls_config_for_role("worker")
     names = {"ca_file": "ca", "cert": "worker-cert", "key": "worker-key"}
-    env = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
+    env = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": str(bool(security.require_encryption))}
     os.makedirs(folder, mode=0o700, exist_ok=True)
     for key, value in tls.items():
         if value is None or key not in names:
@@ -110,3 +118,20 @@ def security_env(security, folder: str) -> dict:
         config_key = "CA_FILE" if key == "ca_file" else f"WORKER__{key.upper()}"
         env[f"DASK_DISTRIBUTED__COMM__TLS__{config_key}"] = value
     return env
+
+
+class SecureWorker(Worker):
+    """A ``distributed.Worker`` whose HTTP endpoints follow its comms' security.
+
+    With TLS required, its HTTP server speaks HTTPS and asks for a certificate of the run's
+    authority, as the worker's comms do; a plain ``distributed.Worker`` serves ``/metrics`` and
+    ``/health`` in plain HTTP to anyone who reaches its address.
+    """
+
+    def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
+        if ssl_options is None and self.security.require_encryption:
+            ssl_options = self.security.get_listen_args("worker").get("ssl_context")
+        return super().start_http_server(routes, dashboard_address, default_port, ssl_options)
+
+
+SECURE_WORKER = f"{SecureWorker.__module__}.{SecureWorker.__qualname__}"

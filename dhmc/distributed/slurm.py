@@ -2,8 +2,8 @@
 
 Defaults that work across hosts with no config edits: the scheduler listens on this machine's
 address on the route to the compute nodes (``127.0.0.1`` only when every node is on loopback), each
-worker announces its own host's address on the route back, the cluster uses TLS with
-per-run certificates unless it is on loopback, and each worker retires a little before its job's
+worker announces its own host's address on the route back, the cluster uses mutual TLS with
+per-run certificates (on loopback too), and each worker retires a little before its job's
 walltime so that its block is handed on cleanly, not killed.
 """
 
@@ -36,7 +36,7 @@ def slurm_cluster(jobs=2, job_replacements=10, **options):
     """
     SLURMCluster = _slurm_cluster_class()
     kwargs = slurm_options(**options)
-    if kwargs["security"] is not None:
+    if kwargs["security"].require_encryption:
         os.makedirs(os.path.expanduser(os.path.expandvars(kwargs["shared_temp_directory"])), mode=0o700,
                     exist_ok=True)
     cluster = SLURMCluster(**kwargs)
@@ -52,9 +52,10 @@ def slurm_options(scheduler_options=None, worker_extra_args=(), security=None, i
     """``SLURMCluster`` keyword arguments from dhmc's config: addresses, TLS and worker lifetime filled in.
 
     With no ``host`` or ``interface``, the scheduler listens on this machine's address on the route to
-    the nodes (:func:`~dhmc.distributed.network.scheduler_host`). Off loopback, ``security`` defaults to
-    per-run certificates, whose worker halves are written to ``shared_temp_directory`` (the jobs must
-    reach it; readable by this user only). Workers retire before ``walltime`` (:func:`lifetime_for`).
+    the nodes (:func:`~dhmc.distributed.network.scheduler_host`). ``security`` defaults to per-run
+    certificates, whose worker halves are written to ``shared_temp_directory`` (the jobs must reach it;
+    readable by this user only); workers are :class:`~dhmc.distributed.network.SecureWorker`, whose HTTP
+    endpoints need them too. Workers retire before ``walltime`` (:func:`lifetime_for`).
     """
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     kwargs.setdefault("python", sys.executable)
@@ -65,6 +66,8 @@ def slurm_options(scheduler_options=None, worker_extra_args=(), security=None, i
     args = list(worker_extra_args or ())
     if network.is_loopback(host) and "--host" not in args and "--interface" not in args:
         args += ["--host", "127.0.0.1"]  # on loopback a worker listens there only
+    if "--worker-class" not in args:
+        args += ["--worker-class", network.SECURE_WORKER]
     if "--lifetime" not in args and (lifetime := lifetime_for(walltime)):
         args += ["--lifetime", f"{lifetime[0]}s", "--lifetime-stagger", f"{lifetime[1]}s"]
     return {**kwargs, "scheduler_options": scheduler_options, "worker_extra_args": args, "interface": interface,

@@ -144,18 +144,21 @@ def _read(path: str | None) -> bytes | None:
 
 
 def _program(job: Job, model, inputs: BlockInputs):
+    """``(program, seconds to get it, how)``: this process's cached program, the driver's executable loaded, or
+    one compiled here."""
     key = (job.model_token, job.x64, job.config, job.phase, job.num_iterations if job.phase == "sample" else None,
            tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(inputs)))
     if key in _PROGRAMS:
-        return _PROGRAMS[key], 0.0
+        return _PROGRAMS[key], 0.0, "cached"
     start = time.perf_counter()
-    compiled = load_executable(_read(job.executable))
+    compiled, how = load_executable(_read(job.executable)), "loaded"
     if compiled is None:
         compiled = compile_program(build_program(model, job.config, job.phase, job.num_iterations), inputs)
+        how = "compiled"
     if len(_PROGRAMS) >= _CACHE_SIZE:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
     _PROGRAMS[key] = compiled
-    return compiled, time.perf_counter() - start
+    return compiled, time.perf_counter() - start, how
 
 
 def run_job(job: Job) -> BlockResult:
@@ -173,7 +176,7 @@ def run_job(job: Job) -> BlockResult:
                          params=params, first=jnp.int32(job.first_iteration), iterations=jnp.int32(job.num_iterations),
                          adapt=jnp.bool_(job.adapt), collect_mass=jnp.bool_(job.collect_mass),
                          find_step=jnp.bool_(job.find_step))
-    program, compile_seconds = _program(job, model, inputs)
+    program, compile_seconds, how = _program(job, model, inputs)
     start = time.perf_counter()
     end, out = jax.tree.map(np.asarray, program(inputs))
     seconds = time.perf_counter() - start
@@ -206,7 +209,7 @@ def run_job(job: Job) -> BlockResult:
                 out_fields["head"] = {k: np.array(v[:job.head_chains]) for k, v in block["posterior"].items()}
     _record(job, n, grad_evals, seconds, compile_seconds, acceptance, divergences)
     return BlockResult(position=end, seconds=seconds, compile_seconds=compile_seconds, grad_evals=grad_evals,
-                       where=_where(), **out_fields)
+                       where=_where(), program=how, **out_fields)
 
 
 def _where() -> dict:

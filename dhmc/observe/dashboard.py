@@ -221,7 +221,9 @@ def page_url(client: Any) -> str | None:
 
     Built from ``client.dashboard_link`` (``distributed.dashboard.link``): its final ``/status``
     becomes ``/dhmc``; any path before it (a proxy's or ``http_prefix``), query and fragment stay.
-    A link without ``/status`` gets ``/dhmc`` after its path.
+    A link without ``/status`` gets ``/dhmc`` after its path. Where the scheduler runs in this
+    process, the host is the one its HTTP server listens on: Dask's link names the scheduler's comm
+    host, where nothing listens when the dashboard is kept on loopback and the comms are not.
     """
     try:
         link = client.dashboard_link
@@ -231,5 +233,19 @@ def page_url(client: Any) -> str | None:
     if not link:
         return None
     parts = urlsplit(str(link))
+    listening = _listening_host(getattr(getattr(client, "cluster", None), "scheduler", None))
+    if listening is not None and parts.hostname != listening:
+        host = f"[{listening}]" if ":" in listening else listening
+        parts = parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""))
     prefix = parts.path.rstrip("/").removesuffix("/status").rstrip("/")
     return urlunsplit(parts._replace(path=prefix + "/dhmc"))
+
+
+def _listening_host(scheduler) -> str | None:
+    """The host an in-process scheduler's HTTP server listens on; None if not one host (or not known)."""
+    sockets = getattr(getattr(scheduler, "http_server", None), "_sockets", None)  # tornado's listening sockets
+    hosts = {sock.getsockname()[0] for sock in (sockets or {}).values()}
+    if len(hosts) != 1:
+        return None
+    (host,) = hosts
+    return None if host in ("0.0.0.0", "::") else host

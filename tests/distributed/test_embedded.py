@@ -24,10 +24,17 @@ def logdensity(p):
     return -0.5 * jnp.sum((p["x"] - 1.0) ** 2 / jnp.arange(1.0, 4.0))
 
 
-def logdensity_x64(p):
-    """``logdensity`` again, for runs with x64: a worker keeps the model it built for a target (by its pickle's
-    hash) whatever the run's x64, so one cluster must not see the same function with and without it."""
-    return -0.5 * jnp.sum((p["x"] - 1.0) ** 2 / jnp.arange(1.0, 4.0))
+class Programs:
+    """An observer that notes how each block had its program (loaded, compiled or cached)."""
+
+    def __init__(self, seen: set):
+        self.seen = seen
+
+    def warmup_block(self, round_index, rounds, chunk, result, chunks_done, chunks):
+        self.seen.add(result.program)
+
+    def sample_block(self, chunk, segment, result, chain_draws):
+        self.seen.add(result.program)
 
 
 # The quick case has a dense metric (a Cholesky, a LAPACK call, in every block program) and x64: with
@@ -42,15 +49,16 @@ def test_driver_compiled_executables_give_bitwise_the_same_draws(client2, dense_
 
     kw = dict(init={"x": jnp.zeros(3)}, chains=48, draws=60, warmup=100, seed=3, chains_per_task=16,
               dense_mass=dense_mass, progress=False)
-    target = logdensity_x64 if x64 else logdensity
-    with jax.enable_x64(x64):
-        shipped = dhmc.sample(target, **kw)
-        compiled = dhmc.sample(target, cluster=client2, **kw)
+    how = {"shipped": set(), "client2": set()}
+    with jax.enable_x64(x64):  # client2 may have built logdensity in float32 for another test: it builds it again
+        shipped = dhmc.sample(logdensity, observers=(Programs(how["shipped"]),), **kw)
+        compiled = dhmc.sample(logdensity, cluster=client2, observers=(Programs(how["client2"]),), **kw)
     assert shipped["posterior"]["x"].dtype == (np.float64 if x64 else np.float32)
     for group in ("posterior", "sample_stats"):
         for name in shipped[group].data_vars:
             assert np.array_equal(shipped[group][name].values, compiled[group][name].values), (group, name)
-    assert json.loads(shipped.attrs["dhmc_timing"])["compile"] < 1.5  # loaded (~0.2 s); compiling takes seconds
+    assert how["shipped"] <= {"loaded", "cached"} and "loaded" in how["shipped"], how  # never compiled there
+    assert "compiled" in how["client2"] or how["client2"] == {"cached"}, how
 
 
 def test_an_executable_for_another_backend_is_compiled_here_instead():
@@ -80,6 +88,78 @@ def test_a_killed_embedded_worker_is_restarted():
                 break
             time.sleep(0.2)
         assert len(pids) == 2 and victim not in pids, pids
+    finally:
+        close()
+
+
+INTRUDER = """
+import asyncio, json, os, ssl, sys
+from distributed.comm import connect
+
+def answers(address, context):
+    # the identity op, as a Client's first message; a server that answers it runs Client.run's code too
+    async def attempt():
+        args = {"ssl_context": context, "require_encryption": True} if context else {}
+        comm = await connect(address, timeout=3, **args)
+        try:
+            await comm.write({"op": "identity"})
+            return await asyncio.wait_for(comm.read(), 3)
+        finally:
+            comm.abort()
+    try:
+        asyncio.run(attempt())
+        return True
+    except Exception:
+        return False
+
+anyone = ssl.create_default_context()
+anyone.check_hostname, anyone.verify_mode = False, ssl.CERT_NONE
+seen = {}
+for name, address in zip(("scheduler", "worker"), sys.argv[1:3]):
+    seen[name + " over tcp"] = answers(address.replace("tls://", "tcp://"), None)
+    seen[name + " over tls without a certificate"] = answers(address, anyone)
+try:
+    seen["certificates readable"] = bool(os.listdir(sys.argv[3]))
+except OSError:
+    seen["certificates readable"] = False
+print(json.dumps(seen))
+"""
+
+
+def test_another_user_on_this_host_cannot_reach_the_embedded_cluster():
+    """Loopback is shared by every user of the machine (a login node): a process of another user could call
+    Client.run on a plain-TCP embedded cluster and run code as the sampler's user. The cluster's comms need the
+    run's certificate, which only this user can read, and its workers' HTTP endpoints follow its comms."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tls_probe import http_status, stranger_context, worker_http_ports
+
+    from dhmc.distributed.connect import connect
+
+    client, close = connect(None, {"n_workers": 1})
+    try:
+        (worker,) = client.scheduler_info()["workers"]
+        scheduler, folder = client.scheduler.address, os.path.join(client.cluster.log_dir, "tls")
+        assert scheduler.startswith("tls://127.0.0.1:") and os.listdir(folder)
+        if os.geteuid() == 0 and shutil.which("setpriv"):
+            run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                  "-c", INTRUDER, scheduler, worker, folder], capture_output=True, text=True,
+                                 timeout=60, cwd="/", env={**os.environ, "HOME": "/tmp"})
+            if not run.stdout and ("No module named" in run.stderr or "Permission denied" in run.stderr):
+                pytest.skip(f"this Python cannot run as another user: {run.stderr.strip().splitlines()[-1]}")
+            assert json.loads(run.stdout) == dict.fromkeys(json.loads(run.stdout), False), run.stdout + run.stderr
+        else:  # not root: the same attempts as this user, without the certificate
+            from tls_probe import refused
+
+            for address in (scheduler, worker):
+                assert refused(address, stranger_context()) and refused(address.replace("tls://", "tcp://"), None)
+        ((address, port),) = worker_http_ports(client).items()
+        health = f"https://127.0.0.1:{port}/health"
+        assert http_status(health.replace("https", "http")) is None  # no plain HTTP
+        assert http_status(health, stranger_context()) is None  # nor TLS without the run's certificate
+        assert http_status(health, stranger_context(client.security)) == 200
     finally:
         close()
 

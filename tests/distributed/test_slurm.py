@@ -410,7 +410,7 @@ def test_walltimes_in_every_slurm_format(walltime, seconds):
         assert abs(latest - (seconds - min(180, 0.2 * seconds))) <= 1 and 0 < lifetime[1] < lifetime[0]
 
 
-def test_slurm_options_off_loopback_use_tls_and_let_workers_announce_their_node(monkeypatch):
+def test_slurm_options_use_tls_and_let_workers_announce_their_node(monkeypatch):
     from dhmc.distributed import network, slurm
 
     monkeypatch.setattr(network, "scheduler_host", lambda: "10.9.8.7")
@@ -418,7 +418,8 @@ def test_slurm_options_off_loopback_use_tls_and_let_workers_announce_their_node(
                                  worker_extra_args=["--dashboard-address", "127.0.0.1:0"], walltime="01:00:00")
     assert kwargs["scheduler_options"] == {"dashboard_address": "127.0.0.1:0", "host": "10.9.8.7"}
     assert "--host" not in kwargs["worker_extra_args"]  # each worker: its own node's address
-    assert kwargs["worker_extra_args"][2:] == ["--lifetime", "3300s", "--lifetime-stagger", "120s"]
+    assert kwargs["worker_extra_args"][2:] == ["--worker-class", "dhmc.distributed.network.SecureWorker",
+                                               "--lifetime", "3300s", "--lifetime-stagger", "120s"]
     assert kwargs["security"] is not None and kwargs["security"].require_encryption
 
     # a user's {host: null, interface: ib0} (dask config merges dicts): no host of ours, the interface kept
@@ -426,10 +427,10 @@ def test_slurm_options_off_loopback_use_tls_and_let_workers_announce_their_node(
     assert kwargs["scheduler_options"] == {"interface": "ib0"} and kwargs["security"] is not None
     assert "--lifetime" not in kwargs["worker_extra_args"]
 
-    # a Slurm on loopback: plain TCP, workers on 127.0.0.1
+    # a Slurm on loopback: TLS all the same (other users share loopback), workers on 127.0.0.1
     monkeypatch.setattr(network, "scheduler_host", lambda: "127.0.0.1")
     kwargs = slurm.slurm_options()
-    assert kwargs["security"] is None and kwargs["worker_extra_args"][:2] == ["--host", "127.0.0.1"]
+    assert kwargs["security"].require_encryption and kwargs["worker_extra_args"][:2] == ["--host", "127.0.0.1"]
     with pytest.raises(ValueError, match="security=False"):
         slurm.slurm_options(security=False, scheduler_options={"host": "10.9.8.7"})
 
