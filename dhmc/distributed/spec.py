@@ -201,7 +201,8 @@ def layout_for(model, warmup_draws: int = 0) -> schema.Layout:
     shapes = lambda fn, *args: {} if fn is None else {
         k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(fn, position, *args).items()}
     layout = schema.make_layout(shapes(model.constrain_fn), model.dtype, model.dims, model.coords,
-                                shapes(model.log_likelihood_fn), model.observed_data, shapes(model.predictive_fn, key))
+                                shapes(model.log_likelihood_fn), model.observed_data, shapes(model.predictive_fn, key),
+                                model.constant_data)
     return replace(layout, warmup_draws=int(warmup_draws))
 
 
