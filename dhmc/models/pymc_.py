@@ -68,11 +68,37 @@ def pymc_target(model, init=None, model_args=(), model_kwargs=None, name: str = 
     if precision:
         use_model_precision()
     kind = "bambi.Model" if is_bambi_model(model) else "pymc.Model"
+    bambi = _bambi_outputs(model) if is_bambi_model(model) else {}
     model = pymc_model_of(model)
     target = PyMCTarget(model, name=name or f"python:{kind}{f' {model.name!r}' if model.name else ''}",
-                        init=dict(init) if init else None)
+                        init=dict(init) if init else None, **bambi)
     target.check()
     return target
+
+
+def _bambi_outputs(model) -> dict:
+    """What ``bmb.Model.fit()`` stores of its PyMC model, as :class:`PyMCTarget`'s ``var_names`` and ``intercepts``:
+    not the likelihood's parameters (deterministics of one value per observation) nor the group effects' offsets,
+    and each intercept of centred predictors moved back to the predictors' own scale (``Intercept - mean(X) @
+    coefficients``, as Bambi's ``_clean_results``)."""
+    from bambi.utils import get_aliased_name
+    from pymc.util import get_default_varnames
+
+    pymc_model = pymc_model_of(model)
+    backend = model.backend
+    names = [v.name for v in get_default_varnames(pymc_model.unobserved_value_vars, include_transformed=False)]
+    params = set(model.family.likelihood.params)
+    deterministic = {d.name for d in pymc_model.deterministics}
+    names = [n for n in names if not (n in params and n in deterministic) and not n.endswith("_offset")]
+    intercepts = []
+    for part in backend.distributional_components.values():
+        component = part.component
+        if component.intercept_term and component.common_terms and model.center_predictors:
+            means = np.asarray(part.design_matrix_without_intercept).mean(0)
+            terms = tuple(get_aliased_name(term) for term in component.common_terms.values())
+            levels = len(next(iter(model.response_component.term.coords.values()), ())) or None
+            intercepts.append((get_aliased_name(component.intercept_term), terms, means, levels))
+    return {"var_names": tuple(names), "intercepts": tuple(intercepts)}
 
 
 def use_model_precision() -> None:
@@ -122,6 +148,8 @@ class PyMCTarget:
     predictive: bool = False
     init: dict | None = None
     radius: float = 1.0
+    var_names: tuple | None = None  # the posterior's variables (None: every free variable and deterministic)
+    intercepts: tuple = ()  # (name, coefficient names, their columns' means, response levels): Bambi's centring
 
     def with_outputs(self, log_likelihood: bool = False, predictive: bool = False,
                      noncentered: bool = False) -> PyMCTarget:
@@ -171,6 +199,8 @@ class PyMCTarget:
         template = [np.asarray(point[v.name]) for v in values]
         flat, unravel = ravel_pytree([jax.numpy.asarray(a) for a in template])
         outputs = list(get_default_varnames(model.unobserved_value_vars, include_transformed=False))
+        if self.var_names is not None:
+            outputs = [v for v in outputs if v.name in self.var_names]
 
         logp = _jaxified(self, get_jaxified_graph, values, [model.logp()], "its log density")
         to_constrained = _jaxified(self, get_jaxified_graph, values, outputs, "its free variables and deterministics")
@@ -180,7 +210,11 @@ class PyMCTarget:
             return logp(*unravel(x))[0]
 
         def constrain(x):
-            return dict(zip(names, to_constrained(*unravel(x)), strict=True))
+            values = dict(zip(names, to_constrained(*unravel(x)), strict=True))
+            for name, terms, means, levels in self.intercepts:
+                rows = [jax.numpy.reshape(values[t], (-1, levels) if levels else (-1,)) for t in terms]
+                values[name] = values[name] - jax.numpy.tensordot(means, jax.numpy.concatenate(rows), 1)
+            return values
 
         observed = {k: np.asarray(v) for k, v in find_observations(model).items()}
         if (self.log_likelihood or self.predictive) and not observed:
