@@ -138,7 +138,7 @@ def test_the_trace_is_named_as_pm_samples_and_feeds_pymc_and_arviz(client2):
 
     model = schools()
     trace = dhmc.sample(model, chains=16, draws=60, warmup=60, chains_per_task=8, cluster=client2, progress=False,
-                        log_likelihood=True, predictive=True)
+                        log_likelihood=True, predictive=True, prior=50)
     jax_backend()  # pymc.sampling.jax, without its XLA_FLAGS (workers started after would inherit them)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -152,7 +152,10 @@ def test_the_trace_is_named_as_pm_samples_and_feeds_pymc_and_arviz(client2):
             assert set(ours[group]["vars"]) == set(theirs[group]["vars"]) - {"tree_depth"}
             continue
         assert ours[group] == theirs[group], group
-    assert set(ours) - set(theirs) == {"posterior_predictive"}
+    assert set(ours) - set(theirs) == {"posterior_predictive", "prior", "prior_predictive"}
+    assert ours["prior"]["vars"] == ours["posterior"]["vars"] and trace["prior"].sizes["draw"] == 50
+    predictive = {"y": ["chain", "draw", "school"]}
+    assert ours["prior_predictive"]["vars"] == ours["posterior_predictive"]["vars"] == predictive
 
     post = trace["posterior"]
     np.testing.assert_allclose(post["theta"].values, post["mu"].values[..., None]
@@ -166,6 +169,10 @@ def test_the_trace_is_named_as_pm_samples_and_feeds_pymc_and_arviz(client2):
         ppc = pm.sample_posterior_predictive(idata, model=model, progressbar=False, random_seed=2)
     assert np.isfinite(loo.elpd_loo) and -34 < loo.elpd_loo < -28  # eight schools: about -30.7
     assert ppc.posterior_predictive["y"].shape == (16, 60, 8)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert az.plot_ppc(idata, num_pp_samples=20) is not None  # dhmc's own posterior_predictive group
 
 
 def _as_tree(idata):
@@ -203,6 +210,39 @@ def test_a_pymc_run_resumes_and_extends_bitwise(client2, tmp_path):
     longer = dhmc.sample(schools(), store=tmp_path / "longer.zarr", **{**kwargs, "draws": 80})
     extended = dhmc.extend(tmp_path / "whole.zarr", 20, cluster=client2, target=schools(), progress=False)
     np.testing.assert_array_equal(extended["posterior"]["theta"].values, longer["posterior"]["theta"].values)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_changes_nothing_in_a_pymc_run(tmp_path):
+    """A worker SIGKILLed mid-run: its blocks run again elsewhere (the restarted worker compiles the model again),
+    and the store is bitwise the one of an undisturbed run."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import zarr
+    from distributed import Client, LocalCluster
+
+    from tests.test_faults import done_blocks, same_trace
+
+    kw = dict(chains=128, draws=2000, warmup=100, seed=11, chains_per_task=16, progress=False)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        dhmc.sample(schools(), cluster=client, store=tmp_path / "ref.zarr", **kw)
+        out = {}
+        thread = threading.Thread(target=lambda: out.setdefault(
+            "trace", dhmc.sample(schools(), cluster=client, store=tmp_path / "hit.zarr", **kw)))
+        thread.start()
+        deadline = time.time() + 300
+        while done_blocks(tmp_path / "hit.zarr") < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        total = int(np.prod(zarr.open_group(str(tmp_path / "ref.zarr"), mode="r")["dhmc/done"].shape))
+        assert done_blocks(tmp_path / "hit.zarr") < total, "the run ended before a worker could be killed"
+        os.kill(sorted(client.run(os.getpid).values())[0], signal.SIGKILL)
+        thread.join(900)
+    assert "trace" in out, "the run did not finish after a worker was killed"
+    assert same_trace(tmp_path / "ref.zarr", tmp_path / "hit.zarr")
 
 
 def test_a_target_that_does_not_round_trip_is_named_before_any_cluster():
