@@ -144,10 +144,15 @@ client, close = connect(None, {})
 dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=8, draws=20, warmup=0,
             kernel="hmc", step_size=0.5, num_steps=3, adapt=False, progress=False, cluster=client)
 print("imported:", sorted({m.split(".")[0] for m in sys.modules} & {"bokeh", "zarr", "arviz", "matplotlib"}))
-dhmc.sample("coin_toss", chains=8, draws=20, warmup=0, kernel="hmc", step_size=0.5, num_steps=3, adapt=False,
-            progress=False, cluster=client)  # a NumPyro model
+import cloudpickle
+from dhmc.distributed.startup import pickle_target
+from dhmc.models.resolve import resolve_target
+numpyro_target = resolve_target("coin_toss", None, 8, (), None)[0]  # a NumPyro model, as a run sends it
+numpyro_target.build()
+blob = pickle_target(numpyro_target)[0]
 pymc = lambda: sorted({m.split(".")[0] for m in sys.modules} & {"pymc", "pytensor", "bambi"})
-print("pymc imported:", pymc(), sorted({m for ms in client.run(pymc).values() for m in ms}))
+built = lambda: cloudpickle.loads(blob).build() and pymc()  # what a worker does with it
+print("pymc imported:", pymc(), sorted({m for ms in client.run(built).values() for m in ms}))
 base = client.dashboard_link.rsplit("/", 1)[0]
 page = urllib.request.urlopen(base + "/status", timeout=60).read().decode()
 print("status page:", len(page), "bokeh" in page.lower())
