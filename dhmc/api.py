@@ -27,7 +27,7 @@ from dhmc.distributed.spec import (
 )
 from dhmc.distributed.startup import Startup, pickle_target
 from dhmc.models.base import TRACING
-from dhmc.models.reference import is_reference
+from dhmc.models.reference import ReferenceTarget, is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
 from dhmc.storage.sinks import check_fits
 
@@ -80,12 +80,16 @@ def sample(
     ----------
     target
         A JAX log density of one chain's position (a pytree; needs ``init``), a NumPyro model
-        function, or the name of a built-in model (see ``dhmc.models.EXAMPLES``).
+        function, a ``pymc.Model`` or ``bambi.Model`` (sampled through PyMC's JAX backend; see the
+        PyMC page of the docs), the name of a built-in model (see ``dhmc.models.EXAMPLES``), or a
+        target the workers make themselves (:func:`dhmc.models.by_reference`).
     init
         For a log density: one chain's position (jittered per chain by U(-0.5, 0.5)) or a pytree
         with a leading axis of length ``chains``. For a NumPyro model: optional; by default chains
         start uniformly in [-2, 2] in unconstrained space; give a dict of site values or a NumPyro init
-        strategy (``init_to_median()``) to start near its point.
+        strategy (``init_to_median()``) to start near its point. For a PyMC model: optional; chains start
+        at ``model.initial_point()`` plus U(-1, 1) unconstrained, a dict of free variables' values
+        replacing the model's own.
     chains, draws, warmup, seed, thinning
         Ensemble size, draws kept per chain (or ``"auto"``), adaptation iterations (or ``"auto"``),
         random seed; a draw is kept every ``thinning`` transitions.
@@ -127,7 +131,7 @@ def sample(
         With ``draws="auto"``: sample segment by segment until every scalar's bulk and tail ESS reach
         ``target_ess`` (1000) and nested R-hat is below 1.01, or ``max_draws`` (10000) draws.
     log_likelihood, predictive, prior
-        For a NumPyro model: also store each observed site's pointwise log-likelihood (group
+        For a NumPyro or PyMC model: also store each observed site's pointwise log-likelihood (group
         ``log_likelihood``, for ``arviz.loo``/``waic``), a draw of it per posterior draw
         (``posterior_predictive``, for ``arviz.plot_ppc``), and ``prior`` draws of the prior
         (``prior``, ``prior_predictive``). Each holds chains x draws x observations values.
@@ -176,6 +180,7 @@ def sample(
         geometry = geometry_for(model, layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
                                 target_ess=options["target_ess"])
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=geometry.chains_per_task,
+                   by_reference=isinstance(resolved, ReferenceTarget),
                    draws_per_segment=geometry.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),
                    predictive=bool(predictive), save_warmup=bool(save_warmup), noncentered=bool(noncentered),
@@ -230,9 +235,12 @@ def extend(path, draws: int, cluster=None, *, target=None, init=None, model_args
 
 
 def _inputs(target, model_kwargs, init) -> dict | None:
-    """A referenced model's numeric keyword data and init, kept in its store so that a resume needs neither."""
+    """A referenced model's numeric keyword data and init, kept in its store so that a resume needs neither (a
+    target by reference: the arguments its function is called with)."""
     numeric = lambda d: {k: v for k, v in (d if isinstance(d, dict) else {}).items()
                          if np.asarray(v).dtype.kind in "biuf"}
+    if isinstance(target, ReferenceTarget):
+        return {"model_kwargs": numeric(target.kwargs), "init": {}}
     return {"model_kwargs": numeric(model_kwargs), "init": numeric(init)} if is_reference(target) else None
 
 

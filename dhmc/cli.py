@@ -36,13 +36,17 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="sample a built-in or your own model into a Zarr store")
     s.add_argument("model", help="a built-in model name (see `dhmc models`), or pkg.module:function naming a JAX "
-                                 "log density or a NumPyro model (the working directory is importable)")
+                                 "log density, a NumPyro model, a pymc.Model or bambi.Model or a function returning "
+                                 "one (the working directory is importable)")
     s.add_argument("--data", default=None, metavar="FILE",
                    help=".npz or .json: keyword arguments of the model (a log density gets them bound)")
     s.add_argument("--init", default=None, metavar="FILE",
                    help=".npz or .json: one chain's position (a log density: required) or NumPyro site values")
+    s.add_argument("--by-reference", action="store_true",
+                   help="the workers import MODEL and call it with --data's arguments to make the target (a "
+                        "pymc.Model or an object with build()), instead of receiving it pickled")
     s.add_argument("--log-likelihood", action="store_true",
-                   help="NumPyro models: store the pointwise log-likelihood (for arviz.loo)")
+                   help="NumPyro and PyMC models: store the pointwise log-likelihood (for arviz.loo)")
     s.add_argument("--chains", type=int, default=1024)
     s.add_argument("--draws", type=_draws, default=1000, help="draws per chain, or auto: until --target-ess")
     s.add_argument("--target-ess", type=float, default=None, help="with --draws auto: bulk and tail ESS (1000)")
@@ -146,7 +150,14 @@ def _sample(args) -> int:
         raise ValueError(f"--data and --init need a model given as pkg.module:function, got {args.model!r}")
     data = read_inputs(args.data, "data") if args.data else {}
     init = read_inputs(args.init, "init") if args.init else None
-    trace = dhmc.sample(args.model, model_kwargs=data, init=init, log_likelihood=args.log_likelihood,
+    model = args.model
+    if args.by_reference:
+        from dhmc.models import by_reference
+
+        if init is not None:
+            raise ValueError("--init does not go with --by-reference: the function MODEL names makes the whole target")
+        model, data = by_reference(args.model, **data), {}
+    trace = dhmc.sample(model, model_kwargs=data, init=init, log_likelihood=args.log_likelihood,
                         thinning=args.thinning, save_warmup=args.save_warmup,
                         chains=args.chains, draws=args.draws, warmup=args.warmup, seed=args.seed,
                         kernel=args.kernel, step_size=args.step_size, num_steps=args.num_steps,

@@ -24,6 +24,7 @@ FIGURES = {  # example -> figures it writes, relative to its --out
     "eight_schools": ["eight_schools_funnel.png", "eight_schools_trace.png"],
     "scaling_study": ["scaling_study.png"],
     "xarray_analysis": ["xarray_analysis.png"],
+    "bambi_hierarchical": ["bambi_hierarchical.png"],
 }
 LIMIT = 300_000  # bytes per image
 

@@ -55,6 +55,10 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     elif target is None and spec.model.startswith("python:"):
         raise ValueError(f"the run in {path} sampled the Python function {spec.model[7:]!r}; give it again: "
                          "dhmc.resume(path, target=<the same function>, init=<the same init>)")
+    if target == spec.model and spec.by_reference:  # confirmed: the workers import and call it, as the run did
+        from dhmc.models.reference import by_reference
+
+        target, model_kwargs = by_reference(spec.model, **dict(model_kwargs or {})), None
     target = spec.model if target is None else target
     with TRACING:  # NumPyro's handler stack is global (dhmc.models.base.TRACING)
         resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)

@@ -98,10 +98,12 @@ def _open_sink(run: RunContext, run_id: str):
 
 
 def _extra_groups(run: RunContext) -> dict[str, dict[str, tuple]]:
-    """Groups without chains to sample: ``observed_data``, and ``prior``/``prior_predictive`` draws (one chain)."""
+    """Groups without chains to sample: ``observed_data``, ``constant_data``, and ``prior``/``prior_predictive`` draws
+    (one chain)."""
     labelled = lambda values, lead: {k: ([*lead, *schema.observed_dims(k, v[(0,) * len(lead)], run.model.dims)], v)
                                      for k, v in values.items()}
-    groups = {"observed_data": labelled(run.model.observed_data, [])}
+    groups = {"observed_data": labelled(run.model.observed_data, []),
+              "constant_data": labelled(run.model.constant_data, [])}
     if run.spec.prior:
         with TRACING:
             prior, predictive = run.target.sample_prior(run.spec.prior, run.spec.seed)

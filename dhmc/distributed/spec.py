@@ -50,6 +50,7 @@ class RunSpec:
     max_warmup: int | None = None  # warmup="auto": the most iterations; ``warmup`` is the iterations run once known
     cold_start: bool = False  # warmup="auto" with adaptation: an unadjusted cold phase first (dhmc.core.cold)
     noncentered: bool = False  # a NumPyro model's hierarchical loc-scale sites sampled non-centred
+    by_reference: bool = False  # ``model`` names a function the workers import and call to make the target
 
     @property
     def geometry(self) -> Geometry:
@@ -201,7 +202,8 @@ def layout_for(model, warmup_draws: int = 0) -> schema.Layout:
     shapes = lambda fn, *args: {} if fn is None else {
         k: (tuple(v.shape), v.dtype) for k, v in jax.eval_shape(fn, position, *args).items()}
     layout = schema.make_layout(shapes(model.constrain_fn), model.dtype, model.dims, model.coords,
-                                shapes(model.log_likelihood_fn), model.observed_data, shapes(model.predictive_fn, key))
+                                shapes(model.log_likelihood_fn), model.observed_data, shapes(model.predictive_fn, key),
+                                model.constant_data)
     return replace(layout, warmup_draws=int(warmup_draws))
 
 

@@ -97,6 +97,9 @@ def pickle_target(target) -> tuple[bytes, str]:
 
     Workers may not be able to import a module that lives beside the user's script, so every
     module outside the installed libraries that defines the target's functions is pickled by value.
+    The pickle is unpickled here once, so that a target that pickles but does not unpickle (an object whose
+    ``__reduce__`` or ``__init__`` does not match) is named in one line before any cluster starts, where its
+    workers would only raise the unpickling's own error.
     """
     paths = sysconfig.get_paths()
     library = (paths["purelib"], paths["platlib"], paths["stdlib"], sys.prefix + "/lib")
@@ -113,21 +116,42 @@ def pickle_target(target) -> tuple[bytes, str]:
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
     try:
-        blob = cloudpickle.dumps(target)
-    except Exception as e:  # noqa: BLE001 - say what could not be pickled, and how to fix it
-        where, part = _unpicklable(target, "the target")
-        raise TypeError(f"{where} cannot be sent to the workers: cloudpickle failed on {type(part).__name__} "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); make it picklable, "
-                        "or build it inside the log density or in a module the workers import "
-                        "(dhmc.worker-setup)") from None
+        blob = _pickled(target)
     finally:
         for module in modules:
             cloudpickle.unregister_pickle_by_value(module)
     return blob, hashlib.sha1(blob).hexdigest()
 
 
-def _unpicklable(obj, where: str, depth: int = 4) -> tuple[str, object]:
-    """The innermost part of ``obj`` that cloudpickle cannot pickle, and where it sits (``target.fn.cache``)."""
+def _pickled(target) -> bytes:
+    """``cloudpickle.dumps(target)``, unpickled once to check; a failure of either names the part at fault."""
+    try:
+        blob = cloudpickle.dumps(target)
+    except Exception as e:  # noqa: BLE001 - say what could not be pickled, and how to fix it
+        where, part = _unpicklable(target, "the target", cloudpickle.dumps)
+        raise TypeError(f"{where} cannot be sent to the workers: cloudpickle failed on {type(part).__name__} "
+                        f"({_first_line(e)}); make it picklable, or build it inside the log density or in a module "
+                        "the workers import (dhmc.worker-setup), or send the target by reference "
+                        "(dhmc.models.by_reference)") from None
+    try:
+        cloudpickle.loads(blob)
+    except Exception as e:  # noqa: BLE001 - pickled, but the workers could not unpickle it: say which part
+        where, part = _unpicklable(target, "the target", lambda obj: cloudpickle.loads(cloudpickle.dumps(obj)))
+        raise TypeError(f"{where} cannot be sent to the workers: {type(part).__name__} pickles but does not "
+                        f"unpickle ({_first_line(e)}); send the target by reference instead "
+                        "(dhmc.models.by_reference('pkg.module:make', ...): the workers import and call it), or "
+                        "make the class round-trip (its __reduce__ or __getstate__/__setstate__)") from None
+    return blob
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _unpicklable(obj, where: str, trial, depth: int = 4) -> tuple[str, object]:
+    """The innermost part of ``obj`` on which ``trial`` (pickling, or a round trip) fails, and where it sits
+    (``target.fn.cache``)."""
     if depth == 0:
         return where, obj
     parts = [(f"{where}.__self__", obj.__self__)] if hasattr(obj, "__func__") else []  # a bound method's object
@@ -144,9 +168,9 @@ def _unpicklable(obj, where: str, depth: int = 4) -> tuple[str, object]:
         parts += [(f"{where}.{name}", value) for name, value in getattr(obj, "__dict__", {}).items()]
     for name, part in parts:
         try:
-            cloudpickle.dumps(part)
+            trial(part)
         except Exception:  # noqa: BLE001 - found a culprit: look inside it
-            return _unpicklable(part, name, depth - 1)
+            return _unpicklable(part, name, trial, depth - 1)
     return where, obj
 
 

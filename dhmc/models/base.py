@@ -36,8 +36,8 @@ class FlatModel:
         Floating dtype of the position.
     centre, radius
         Chains start at ``centre + U(-radius, radius)`` unless an explicit init is given.
-    observed_data
-        Arrays for ArviZ's group of that name.
+    observed_data, constant_data
+        Arrays for ArviZ's groups of those names.
     dims, coords
         Names of each variable's axes beyond ``(chain, draw)``, and the coordinates of named dims.
     log_likelihood_fn
@@ -57,6 +57,7 @@ class FlatModel:
     coords: dict[str, list] = field(default_factory=dict)
     log_likelihood_fn: Callable[[Array], dict[str, Array]] | None = None
     predictive_fn: Callable[[Array, Array], dict[str, Array]] | None = None
+    constant_data: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class Target(Protocol):

@@ -14,7 +14,8 @@ from dhmc.models.base import TRACING, FlatModel
 from dhmc.models.examples import example
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model
-from dhmc.models.reference import bind, import_reference, is_reference
+from dhmc.models.pymc_ import is_bambi_model, is_model_factory, is_pymc_model, pymc_target
+from dhmc.models.reference import ReferenceTarget, bind, import_reference, is_reference
 
 __all__ = ["resolve_target", "with_outputs", "with_labels", "initial_positions", "evaluate"]
 
@@ -22,11 +23,23 @@ __all__ = ["resolve_target", "with_outputs", "with_labels", "initial_positions",
 def resolve_target(target, init, chains, model_args, model_kwargs):
     """Return ``(target object, name for the run spec, batched flat init or None)``."""
     if is_reference(target):  # "pkg.module:function": the run spec names it, so a resume can import it again
-        fn, kwargs = bind(import_reference(target), init, dict(model_kwargs or {}))
+        obj = import_reference(target)
+        if is_pymc_model(obj) or is_bambi_model(obj) or is_model_factory(obj):
+            return pymc_target(_built(obj, target, model_kwargs), init, model_args, name=target), target, None
+        fn, kwargs = bind(obj, init, dict(model_kwargs or {}))
         resolved, _, batched = resolve_target(fn, init, chains, model_args, kwargs)
         return replace(resolved, name=target), target, batched
     if isinstance(target, str):
         return example(target), target, None
+    if isinstance(target, ReferenceTarget):
+        if model_args or model_kwargs:
+            raise ValueError("a target by reference takes its arguments in by_reference(reference, **kwargs), not "
+                             "model_args or model_kwargs")
+        target.made(driver=True)  # made here once: what it returns is checked before any cluster starts
+        return target, target.name, None
+    if is_pymc_model(target) or is_bambi_model(target):
+        resolved = pymc_target(target, init, model_args, model_kwargs)
+        return resolved, resolved.name, None
     if isinstance(target, LogDensityTarget | NumPyroTarget) or hasattr(target, "build"):
         return target, getattr(target, "name", "") or f"python:{type(target).__name__}", None
     if not callable(target):
@@ -52,6 +65,24 @@ def resolve_target(target, init, chains, model_args, model_kwargs):
             raise ValueError(f"init has a leading axis of {lead} on every leaf but chains={chains}: give one "
                              f"chain's position or one with a leading axis of length {chains}")
     return LogDensityTarget(target, init, name=name), name, None
+
+
+def _built(obj, reference: str, kwargs):
+    """A PyMC or Bambi model named by reference: the object itself, or what the function it names returns when
+    called with ``kwargs`` (the CLI's ``--data``)."""
+    if is_pymc_model(obj) or is_bambi_model(obj):
+        if kwargs:
+            raise ValueError(f"{reference} is a PyMC model, which takes no --data (model_kwargs): name a function "
+                             "that builds it from them")
+        return obj
+    try:
+        model = obj(**dict(kwargs or {}))
+    except TypeError as e:
+        raise ValueError(f"{reference} could not be called to build its PyMC model: {e}") from None
+    if not (is_pymc_model(model) or is_bambi_model(model)):
+        raise ValueError(f"{reference} is a function in a module that imports PyMC or Bambi, so dhmc called it for "
+                         f"a model, and it returned {type(model).__name__}, not a pymc.Model or bambi.Model")
+    return model
 
 
 def with_outputs(target, name: str, log_likelihood: bool = False, predictive: bool = False, prior: int = 0,

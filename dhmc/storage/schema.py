@@ -62,12 +62,13 @@ def fill_value(dtype: str):
 
 
 def make_layout(variables, float_dtype, dims=None, coords=None, log_likelihood=None, observed=None,
-                predictive=None) -> Layout:
+                predictive=None, constant=None) -> Layout:
     """Build a :class:`Layout` from ``{name: (shape, dtype)}`` of the constrained variables.
 
     ``dims`` names a variable's axes beyond ``(chain, draw)`` (default ``{name}_dim_{i}``),
     ``coords`` gives a named dim's coordinates (default ``0..n-1``); ``log_likelihood`` holds the
-    observed sites' ``{name: (shape, dtype)}``, as does ``predictive`` (their draws). Raises
+    observed sites' ``{name: (shape, dtype)}``, as does ``predictive`` (their draws); ``observed`` and
+    ``constant`` (``constant_data``) are arrays whose dims must fit as well. Raises
     ``ValueError`` for dims or coords that do not fit.
     """
     dims = dict(dims or {})
@@ -89,8 +90,9 @@ def make_layout(variables, float_dtype, dims=None, coords=None, log_likelihood=N
     posterior = specs(variables)
     pointwise = specs(log_likelihood or {})
     predictions = specs(predictive or {})
-    specs({k: (np.shape(v), "float") for k, v in (observed or {}).items()})  # observed dims must fit too
-    unknown = sorted(set(dims) - set(variables) - set(log_likelihood or {}) - set(observed or {}))
+    for arrays in (observed, constant):  # observed and constant data's dims must fit too
+        specs({k: (np.shape(v), "float") for k, v in (arrays or {}).items()})
+    unknown = sorted(set(dims) - set(variables) - set(log_likelihood or {}) - set(observed or {}) - set(constant or {}))
     if unknown:
         raise ValueError(f"dims names {unknown[0]!r}, which is not a variable of the model; its variables are "
                          f"{', '.join(sorted(variables))}")

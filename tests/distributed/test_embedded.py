@@ -224,6 +224,15 @@ client, close = connect(None, {})
 dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, chains=8, draws=20, warmup=0,
             kernel="hmc", step_size=0.5, num_steps=3, adapt=False, progress=False, cluster=client)
 print("imported:", sorted({m.split(".")[0] for m in sys.modules} & {"bokeh", "zarr", "arviz", "matplotlib"}))
+import cloudpickle
+from dhmc.distributed.startup import pickle_target
+from dhmc.models.resolve import resolve_target
+numpyro_target = resolve_target("coin_toss", None, 8, (), None)[0]  # a NumPyro model, as a run sends it
+numpyro_target.build()
+blob = pickle_target(numpyro_target)[0]
+pymc = lambda: sorted({m.split(".")[0] for m in sys.modules} & {"pymc", "pytensor", "bambi"})
+built = lambda: cloudpickle.loads(blob).build() and pymc()  # what a worker does with it
+print("pymc imported:", pymc(), sorted({m for ms in client.run(built).values() for m in ms}))
 base = client.dashboard_link.rsplit("/", 1)[0]
 page = urllib.request.urlopen(base + "/status", timeout=60).read().decode()
 print("status page:", len(page), "bokeh" in page.lower())
@@ -234,8 +243,9 @@ close()
 
 def test_the_embedded_driver_imports_no_dashboard_zarr_or_arviz_until_asked(tmp_path):
     """Dask's dashboard (bokeh) is connected at its first request; a run without a store imports no zarr, and the
-    convergence monitor no ArviZ: each was ~0.5-1.2 s of CPU taken from the workers of a cold run. The script has
-    no main guard: its embedded cluster starts and samples all the same."""
+    convergence monitor no ArviZ: each was ~0.5-1.2 s of CPU taken from the workers of a cold run. A log density's
+    and a NumPyro model's runs import no PyMC or PyTensor, on the driver or the workers (~5 s and 0.3 GB each). The
+    script has no main guard: its embedded cluster starts and samples all the same."""
     import subprocess
     import sys
 
@@ -243,6 +253,7 @@ def test_the_embedded_driver_imports_no_dashboard_zarr_or_arviz_until_asked(tmp_
     out = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "imported: []" in out.stdout, out.stdout
+    assert "pymc imported: [] []" in out.stdout, out.stdout  # PyMC and PyTensor only for a PyMC model
     assert re.search(r"status page: \d+ True", out.stdout), out.stdout  # Dask's bokeh page, built on demand
     assert "dhmc page: 200" in out.stdout
 

@@ -462,3 +462,46 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+PYMC_MODULE = '''
+import numpy as np
+import pymc as pm
+
+x = np.linspace(-1, 1, 20)
+
+
+def regression(slope):
+    with pm.Model(coords={"point": range(20)}) as model:
+        b = pm.Normal("b", 0.0, 10.0)
+        pm.Normal("y", b * x, 1.0, observed=slope * x, dims="point")
+    return model
+'''
+
+
+@pytest.mark.slow  # Slurm jobs that each import PyMC and compile the model: CI's slow suite runs it, Slurm up
+@pytest.mark.slurm
+@pytest.mark.parametrize("by_reference", [False, True], ids=["by-value", "by-reference"])
+def test_a_pymc_model_runs_in_slurm_jobs_by_value_and_by_reference(local_slurm, tmp_path, by_reference):
+    """Issue 28: a function returning a pm.Model, from the command line, sampled by Slurm workers: pickled (the
+    workers compile the model), or by reference (each worker imports the module from the driver's directory,
+    which the jobs share here, and calls it)."""
+    pytest.importorskip("pymc")
+    import json
+
+    import dhmc
+
+    (tmp_path / "pymcmodels.py").write_text(PYMC_MODULE)
+    (tmp_path / "data.json").write_text(json.dumps({"slope": 2.0}))
+    out = subprocess.run([sys.executable, "-m", "dhmc", "sample", "pymcmodels:regression", "--data", "data.json",
+                          *(["--by-reference"] if by_reference else []), "--chains", "32", "--draws", "100",
+                          "--warmup", "100", "--cluster", "slurm", "--cluster-option", f"log_directory={tmp_path}",
+                          "--cluster-option", f"local_directory={tmp_path}", "--out", "reg.zarr", "--no-progress"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    tree = dhmc.open_trace(tmp_path / "reg.zarr")
+    assert json.loads(tree.attrs["dhmc_run_spec"])["by_reference"] is by_reference
+    b = tree["posterior"]["b"].values
+    x = np.linspace(-1, 1, 20)
+    sd = 1.0 / np.sqrt(np.sum(x**2) + 1e-2)
+    assert b.dtype == np.float64 and abs(b.mean() - sd**2 * np.sum(2.0 * x**2)) < 5 * sd / np.sqrt(b.size / 10)
