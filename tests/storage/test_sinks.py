@@ -76,3 +76,15 @@ def test_a_run_whose_draws_cannot_fit_in_memory_is_refused_before_any_cluster(mo
         dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(1000)}, chains=4096, draws=10**6,
                     progress=False)
     assert time.perf_counter() - t < 30
+
+
+def test_the_sampling_phase_time_splits_into_sampling_and_the_sinks_writing(made_store):
+    """With a store, ``sampling + writing`` is the phase's wall time (``writing``: the driver's sink); the workers'
+    writes, in parallel with it, are ``worker_writing`` (subtracting them made ``sampling`` negative)."""
+    import json
+
+    import dhmc
+
+    timing = json.loads(dhmc.open_trace(made_store).attrs["dhmc_timing"])
+    assert timing["sampling"] > 0 and timing["writing"] >= 0 and timing["worker_writing"] > 0, timing
+    assert timing["sampling"] + timing["writing"] <= timing["total"], timing
