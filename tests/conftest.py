@@ -35,6 +35,38 @@ def client1():
     cluster.close()
 
 
+@pytest.fixture(scope="session")
+def _embedded_client():
+    """One embedded cluster (what ``cluster=None`` starts: pinned ``dhmc.distributed.child`` workers), started once."""
+    from dhmc.distributed.connect import connect
+
+    client, close = connect(None, {})
+    yield client
+    close()
+
+
+@pytest.fixture(scope="module")
+def embedded(_embedded_client):
+    """Runs with ``cluster=None`` in the module use one embedded cluster started once a session, not one each.
+
+    Everything else of ``cluster=None`` is as a user gets it: the driver compiles the block programs and ships
+    them to the embedded workers, which load them. Tests of the start itself (a driver killed while its workers
+    start, TLS off loopback, a script without a main guard, scaling studies) start embedded clusters of their own.
+    """
+    from dhmc.distributed import startup
+
+    started = startup._connect
+
+    def connect(cluster, options):
+        if cluster is None and not options:
+            return _embedded_client, lambda: None
+        return started(cluster, options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(startup, "_connect", connect)
+        yield _embedded_client
+
+
 @pytest.fixture
 def hold():
     """Create the path it gives to stall ``held_model.held_gaussian``'s workers, remove it to let them go on;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -31,36 +32,51 @@ def test_thinning_keeps_every_kth_transition_bitwise(client2):
 
 
 def test_extend_is_bitwise_one_longer_run(client2, tmp_path):
-    """256 chains in one block: 84-draw segments, the last of 82: extended, it is sampled again in full."""
+    """256 chains in one block: 51-draw segments, the last of 50: extended, it is sampled again in full, and a
+    third segment is added (of 51 draws: one program of 51 iterations serves all three, compiled once)."""
     common = dict(chains=256, warmup=100, chains_per_task=256, cluster=client2, progress=False)
     path = tmp_path / "run.zarr"
-    dhmc.sample("eight_schools", draws=250, store=path, **common)
-    assert json.loads(zarr_.open_store(path)[0].attrs["dhmc_run_spec"])["draws_per_segment"] == 84
-    extended = dhmc.extend(path, 100, cluster=client2, progress=False)
-    longer = dhmc.sample("eight_schools", draws=350, **common)
-    assert extended["posterior"].sizes["draw"] == 350
+    dhmc.sample("eight_schools", draws=101, store=path, **common)
+    assert json.loads(zarr_.open_store(path)[0].attrs["dhmc_run_spec"])["draws_per_segment"] == 51
+    extended = dhmc.extend(path, 52, cluster=client2, progress=False)
+    longer = dhmc.sample("eight_schools", draws=153, **common)  # its own segments: 77 and 76 draws
+    assert json.loads(longer.attrs["dhmc_run_spec"])["draws_per_segment"] == 77
+    assert extended["posterior"].sizes["draw"] == 153
     for group, name in (("posterior", "mu"), ("posterior", "theta"), ("sample_stats", "energy")):
         np.testing.assert_array_equal(extended[group][name].values, longer[group][name].values)
-    assert json.loads(extended.attrs["dhmc_run_spec"])["draws"] == 350
+    assert json.loads(extended.attrs["dhmc_run_spec"])["draws"] == 153
     root, _ = zarr_.open_store(path)
-    assert zarr_.blocks_done(root).all() and root["posterior/mu"].shape[1] == 350
+    assert zarr_.blocks_done(root).all() and root["posterior/mu"].shape[1] == 153
+    assert root["dhmc/done"].shape == (1, 3)  # one chunk of chains, three segments of 51 draws now
 
 
-def test_a_run_with_automatic_warmup_extends(client2, tmp_path):
-    """The default warmup="auto": its finished store's warmup record (JSON text) is read back by extend."""
-    path = tmp_path / "auto.zarr"
-    run = dict(chains=16, chains_per_task=8, cluster=client2, progress=False)
-    dhmc.sample("gaussian_2d", draws=20, warmup="auto", max_warmup=75, store=path, **run)
-    extended = dhmc.extend(path, 10, cluster=client2, progress=False)
-    assert extended["posterior"]["x"].shape == (16, 30, 2) and not extended["posterior"]["x"].isnull().any()
-    history = json.loads(extended.attrs["dhmc_warmup"])
-    assert warmup.adjusted_iterations(history) == json.loads(extended.attrs["dhmc_run_spec"])["warmup"] <= 75
+@pytest.fixture(scope="module")
+def auto_run(client2, tmp_path_factory):
+    """A finished store of the default warmup="auto" (32 chains in two chunks), and the run's trace; tests that change
+    the store take a copy (:func:`_copy`)."""
+    path = tmp_path_factory.mktemp("auto") / "auto.zarr"
+    trace = dhmc.sample("gaussian_2d", draws=50, chains=32, chains_per_task=16, store=path, cluster=client2,
+                        progress=False)
+    return trace, path
 
 
-def test_extend_refuses_an_unfinished_store_and_bad_draws(client2, tmp_path):
+def _copy(auto_run, tmp_path):
     path = tmp_path / "run.zarr"
-    dhmc.sample("gaussian_2d", chains=16, draws=40, warmup=40, chains_per_task=8, store=path, cluster=client2,
-                progress=False)
+    shutil.copytree(auto_run[1], path)
+    return path
+
+
+def test_a_run_with_automatic_warmup_extends(auto_run, client2, tmp_path):
+    """The default warmup="auto": its finished store's warmup record (JSON text) is read back by extend."""
+    extended = dhmc.extend(_copy(auto_run, tmp_path), 10, cluster=client2, progress=False)
+    assert extended["posterior"]["x"].shape == (32, 60, 2) and not extended["posterior"]["x"].isnull().any()
+    np.testing.assert_array_equal(extended["posterior"]["x"].values[:, :50], auto_run[0]["posterior"]["x"].values)
+    history = json.loads(extended.attrs["dhmc_warmup"])
+    assert warmup.adjusted_iterations(history) == json.loads(extended.attrs["dhmc_run_spec"])["warmup"] < 1000
+
+
+def test_extend_refuses_an_unfinished_store_and_bad_draws(auto_run, client2, tmp_path):
+    path = _copy(auto_run, tmp_path)
     with pytest.raises(ValueError, match="draws must be a positive integer"):
         dhmc.extend(path, 0, cluster=client2)
     root, _ = zarr_.open_store(path)
@@ -68,7 +84,7 @@ def test_extend_refuses_an_unfinished_store_and_bad_draws(client2, tmp_path):
     with pytest.raises(zarr_.StoreError, match="not finished: dhmc resume"):
         dhmc.extend(path, 10, cluster=client2)
     root, _ = zarr_.open_store(path)
-    assert json.loads(root.attrs["dhmc_run_spec"])["draws"] == 40 and root["posterior/x"].shape[1] == 40  # unchanged
+    assert json.loads(root.attrs["dhmc_run_spec"])["draws"] == 50 and root["posterior/x"].shape[1] == 50  # unchanged
 
 
 @pytest.mark.slow
@@ -131,12 +147,12 @@ def test_save_warmup_keeps_every_warmup_draw_and_changes_no_draw(client2, tmp_pa
 
 
 @pytest.mark.parametrize("store", [pytest.param(False, marks=pytest.mark.slow), True], ids=["memory", "store"])
-def test_save_warmup_with_auto_warmup_keeps_the_iterations_it_ran(client2, tmp_path, store):
+def test_save_warmup_with_auto_warmup_keeps_the_iterations_it_ran(auto_run, client2, tmp_path, store):
     """Room is made for max_warmup (1000) iterations; the group is cut to those the automatic warmup ran."""
     common = dict(chains=32, draws=50, chains_per_task=16, cluster=client2, progress=False)
     path = tmp_path / "a.zarr" if store else None
     kept = dhmc.sample("gaussian_2d", save_warmup=True, store=path, **common)
-    plain = dhmc.sample("gaussian_2d", **common)
+    plain = auto_run[0]  # the same run without save_warmup
     iterations = warmup.adjusted_iterations(json.loads(kept["posterior"].attrs["dhmc_warmup"]))
     assert 3 * warmup.AUTO_ROUND_AFTER_COLD <= iterations < 1000  # three adjusted rounds at the least (the cold
     # phase's steps are not kept: they are unadjusted)

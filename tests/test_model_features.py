@@ -27,6 +27,10 @@ import dhmc
 SIZES = dict(chains=64, draws=400, warmup=300, chains_per_task=16, progress=False)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _on_the_sessions_embedded_cluster(embedded):
+    """``cluster=None``, as everywhere here: the driver compiles, the embedded workers load (one cluster a session)."""
+
 
 @pytest.fixture(autouse=True)
 def _numpyro_handler_stack_left_empty():
@@ -119,33 +123,7 @@ def test_gammaln_and_logsumexp():
     assert np.allclose(_lp(trace), exact, atol=2e-4, rtol=1e-4)
 
 
-def test_fori_loop_and_a_constant_while_loop():
-    """A sum of squares by ``fori_loop``; a ``while_loop`` (on constants) adding a series to the log density."""
-    mean, sd = np.array([1.0, -1.0, 3.0, 0.0]), np.array([0.5, 1.0, 2.0, 1.5])
-
-    def series():  # sum_{k>=1} 2^-k = 1, summed until the term is below 1e-7
-        def cond(c):
-            return c[1] > 1e-7
-
-        def body(c):
-            total, term = c
-            return total + term, term / 2
-
-        return lax.while_loop(cond, body, (jnp.zeros(()), jnp.full((), 0.5)))[0]
-
-    def logdensity(p):
-        z = (p["x"] - jnp.asarray(mean)) / jnp.asarray(sd)
-        squares = lax.fori_loop(0, 4, lambda i, s: s + z[i] ** 2, jnp.zeros(()))
-        return -0.5 * squares + series()
-
-    trace = dhmc.sample(logdensity, init={"x": jnp.zeros(4)}, seed=204, **SIZES)
-    x = trace["posterior"]["x"].values
-    for i in range(4):
-        within_mc_error(x[..., i], mean[i], sd[i])
-    assert np.allclose(_lp(trace), -0.5 * np.sum(((x - mean) / sd) ** 2, -1) + 1.0, atol=1e-4, rtol=1e-5)
-
-
-@pytest.mark.slow  # an embedded cluster started for it; quick, test_sample.py and test_cli.py check bad log densities
+@pytest.mark.slow  # quick, test_sample.py and test_cli.py check bad log densities
 def test_while_loop_on_the_position_is_a_clear_error():
     """Reverse-mode derivatives do not go through ``while_loop``: JAX's own message, not a crash or a hang."""
 
@@ -169,18 +147,61 @@ def _softplus_jvp(primals, tangents):
     return softplus(v), jax.nn.sigmoid(v) * dv
 
 
-def test_custom_jvp():
-    """x = softplus(v) ~ Gamma(4, 2), with softplus a ``custom_jvp`` and log-Jacobian log sigmoid(v) = -softplus(-v)."""
-    a, b = 4.0, 2.0
+LOOP_MEAN, LOOP_SD = np.array([1.0, -1.0, 3.0, 0.0]), np.array([0.5, 1.0, 2.0, 1.5])
+GAMMA_A, GAMMA_B = 4.0, 2.0
 
-    def logdensity(p):
-        x = softplus(p["v"])
-        return jnp.sum((a - 1) * jnp.log(x) - b * x - softplus(-p["v"]))
 
-    trace = dhmc.sample(logdensity, init={"v": jnp.ones(2)}, seed=206, **SIZES)
-    x = np.logaddexp(trace["posterior"]["v"].values, 0.0)
+def _series():
+    """sum_{k>=1} 2^-k = 1 by a ``while_loop`` on constants, summed until the term is below 1e-7."""
+
+    def cond(c):
+        return c[1] > 1e-7
+
+    def body(c):
+        total, term = c
+        return total + term, term / 2
+
+    return lax.while_loop(cond, body, (jnp.zeros(()), jnp.full((), 0.5)))[0]
+
+
+def _loops(x):
+    """x ~ N(LOOP_MEAN, LOOP_SD^2): a sum of squares by ``fori_loop``, plus the series (1) from a ``while_loop``."""
+    z = (x - jnp.asarray(LOOP_MEAN)) / jnp.asarray(LOOP_SD)
+    squares = lax.fori_loop(0, 4, lambda i, s: s + z[i] ** 2, jnp.zeros(()))
+    return -0.5 * squares + _series()
+
+
+def _softplus_gamma(v):
+    """softplus(v) ~ Gamma(4, 2), with softplus a ``custom_jvp`` and log-Jacobian log sigmoid(v) = -softplus(-v)."""
+    x = softplus(v)
+    return jnp.sum((GAMMA_A - 1) * jnp.log(x) - GAMMA_B * x - softplus(-v))
+
+
+@pytest.fixture(scope="module")
+def loops_and_custom_jvp():
+    """One run of both features' independent parts (``x`` and ``v``): one compile and one run for the two tests."""
+    return dhmc.sample(lambda p: _loops(p["x"]) + _softplus_gamma(p["v"]), init={"x": jnp.zeros(4), "v": jnp.ones(2)},
+                       seed=204, **SIZES)
+
+
+def test_fori_loop_and_a_constant_while_loop(loops_and_custom_jvp):
+    """A sum of squares by ``fori_loop``; a ``while_loop`` (on constants) adding a series to the log density: the
+    moments, and lp the log density itself (the series' 1 and the custom_jvp part included)."""
+    trace = loops_and_custom_jvp
+    x, v = trace["posterior"]["x"].values, np.asarray(trace["posterior"]["v"].values, float)
+    for i in range(4):
+        within_mc_error(x[..., i], LOOP_MEAN[i], LOOP_SD[i])
+    gamma = np.sum((GAMMA_A - 1) * np.log(np.logaddexp(v, 0.0)) - GAMMA_B * np.logaddexp(v, 0.0)
+                   - np.logaddexp(-v, 0.0), -1)  # the custom_jvp part's log density, by numpy
+    assert np.allclose(_lp(trace), -0.5 * np.sum(((x - LOOP_MEAN) / LOOP_SD) ** 2, -1) + 1.0 + gamma, atol=1e-4,
+                       rtol=1e-5)
+
+
+def test_custom_jvp(loops_and_custom_jvp):
+    """softplus(v) ~ Gamma(4, 2): a wrong derivative rule, or a missing log-Jacobian, moves these moments."""
+    x = np.logaddexp(loops_and_custom_jvp["posterior"]["v"].values, 0.0)
     for i in range(2):
-        within_mc_error(x[..., i], a / b, np.sqrt(a) / b)
+        within_mc_error(x[..., i], GAMMA_A / GAMMA_B, np.sqrt(GAMMA_A) / GAMMA_B)
 
 
 # -- NumPyro models --------------------------------------------------------------------------------------

@@ -222,8 +222,9 @@ def test_bad_input_is_one_line_before_any_cluster(options, message, monkeypatch)
 
 
 def test_an_integer_log_density_is_refused_before_any_block():
-    """Its gradient is zero everywhere: the chains would random-walk (checked on one chain's position, while the
-    cluster starts)."""
+    """Its gradient is zero everywhere: the chains would random-walk (checked on one chain's position, before dhmc
+    connects: the scheduler is unreachable, and no embedded cluster starts in the background only to be abandoned)."""
     with pytest.raises(ValueError, match=r"failed on one chain's position .*: ValueError: it returns int32, not a "
                                          r"float: its gradient is zero everywhere"):
-        dhmc.sample(lambda p: jnp.sum(p["x"] > 0), init={"x": jnp.zeros(2)}, chains=8, draws=10, progress=False)
+        dhmc.sample(lambda p: jnp.sum(p["x"] > 0), init={"x": jnp.zeros(2)}, chains=8, draws=10, progress=False,
+                    cluster="tcp://127.0.0.1:1")

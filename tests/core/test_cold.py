@@ -75,7 +75,7 @@ def test_a_cold_block_brings_a_far_off_ensemble_to_the_typical_set():
 
 def test_a_cold_block_is_deterministic_and_its_steps_stay_finite():
     """A step size far too large: every non-finite step is undone and halves the step, no chain is lost."""
-    x0 = np.float32(MEAN + np.random.default_rng(4).uniform(-0.5, 0.5, (64, 4)))
+    x0 = np.float32(MEAN + np.random.default_rng(4).uniform(-0.5, 0.5, (512, 4)))  # the shape above: no compile
     end, stats = _cold(x0, 30, step=1e30)
     assert np.all(np.isfinite(np.asarray(end)))
     assert float(stats.step_size) < 1e30
@@ -88,8 +88,8 @@ def test_a_block_of_one_chain_keeps_its_step_and_a_chain_without_gradient_still_
     Chains at the mode (gradient 0) start in a random direction instead of not at all."""
     end, stats = _cold(np.float32(MEAN[None] + 0.1 * SDS), 20)
     assert float(stats.step_size) <= 0.1 and np.all(np.isfinite(np.asarray(end)))
-    at_mode = np.float32(np.repeat(MEAN[None], 8, axis=0))
-    keys = chain_keys(0, jnp.arange(8, dtype=jnp.uint32))
+    at_mode = np.float32(np.repeat(MEAN[None], 512, axis=0))  # 512 chains: the block shape compiled above
+    keys = chain_keys(0, jnp.arange(512, dtype=jnp.uint32))
     params = ColdParams(jnp.float32(0.1), jnp.asarray(SDS**2, jnp.float32))
     moved, stats = _RUN(keys, jnp.asarray(at_mode), params, jnp.int32(0), jnp.int32(5))
     assert int(stats.nans) == 0 and not np.allclose(np.asarray(moved), at_mode)
