@@ -59,7 +59,7 @@ def test_a_trajectory_evaluates_the_log_density_once_at_its_end():
 
 def test_transition_noise_is_a_standard_normal_and_a_uniform_from_one_key():
     keys = jax.random.split(jax.random.PRNGKey(0), 100_000)
-    noise, uniform = jax.vmap(lambda k: metropolis.transition_noise(k, jnp.zeros((2, 3))))(keys)
+    noise, uniform = jax.jit(jax.vmap(lambda k: metropolis.transition_noise(k, jnp.zeros((2, 3)))))(keys)  # one compile
     assert noise.shape == (100_000, 2, 3) and uniform.shape == (100_000,)
     np.testing.assert_allclose(noise.reshape(-1, 6).mean(0), 0.0, atol=0.02)
     np.testing.assert_allclose(noise.reshape(-1, 6).std(0), 1.0, atol=0.02)
