@@ -76,3 +76,11 @@ def http_status(url: str, context: ssl.SSLContext | None = None) -> int | None:
 def worker_http_ports(client) -> dict:
     """``{worker address: port of its HTTP server}``."""
     return {address: info["services"]["dashboard"] for address, info in client.scheduler_info()["workers"].items()}
+
+
+def health_answers(host: str, port: int, security) -> tuple:
+    """The HTTP status of a worker's ``/health`` over plain HTTP, over TLS without a certificate, and over TLS with
+    ``security``'s (None where refused): ``(None, None, 200)`` for endpoints that follow the run's comms."""
+    health = f"https://{host}:{port}/health"
+    return (http_status(health.replace("https", "http")), http_status(health, stranger_context()),
+            http_status(health, stranger_context(security)))

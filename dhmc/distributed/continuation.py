@@ -49,13 +49,14 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
         command = f"dhmc extend {path} --draws {more_draws}" if more_draws is not None else f"dhmc resume {path}"
         raise ValueError(f"the run in {path} sampled {spec.model!r}, which continuing it imports and runs: confirm "
                          f"it with {command} --model {spec.model} (Python: target={spec.model!r})")
-    if target == spec.model and is_reference(target):  # confirmed: its data and init are in the store
+    confirmed = target == spec.model and is_reference(target)
+    if confirmed:  # its data and init are in the store
         kept = zarr_.load_inputs(root)
         model_kwargs, init = model_kwargs or kept["model_kwargs"], init if init is not None else kept["init"] or None
     elif target is None and spec.model.startswith("python:"):
         raise ValueError(f"the run in {path} sampled the Python function {spec.model[7:]!r}; give it again: "
                          "dhmc.resume(path, target=<the same function>, init=<the same init>)")
-    if target == spec.model and spec.by_reference:  # confirmed: the workers import and call it, as the run did
+    if confirmed and spec.by_reference:  # the workers import and call it, as the run did
         from dhmc.models.reference import by_reference
 
         target, model_kwargs = by_reference(spec.model, **dict(model_kwargs or {})), None

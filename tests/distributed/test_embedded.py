@@ -129,7 +129,7 @@ def test_another_user_on_this_host_cannot_reach_the_embedded_cluster(embedded):
     import subprocess
     import sys
 
-    from tls_probe import http_status, stranger_context, worker_http_ports
+    from tls_probe import health_answers, stranger_context, worker_http_ports
 
     client = embedded  # the session's embedded cluster, as cluster=None starts it
     worker = sorted(client.scheduler_info()["workers"])[0]
@@ -147,11 +147,8 @@ def test_another_user_on_this_host_cannot_reach_the_embedded_cluster(embedded):
 
         for address in (scheduler, worker):
             assert refused(address, stranger_context()) and refused(address.replace("tls://", "tcp://"), None)
-    for address, port in worker_http_ports(client).items():
-        health = f"https://127.0.0.1:{port}/health"
-        assert http_status(health.replace("https", "http")) is None, address  # no plain HTTP
-        assert http_status(health, stranger_context()) is None, address  # nor TLS without the run's certificate
-        assert http_status(health, stranger_context(client.security)) == 200, address
+    for address, port in worker_http_ports(client).items():  # no plain HTTP, nor TLS without the run's certificate
+        assert health_answers("127.0.0.1", port, client.security) == (None, None, 200), address
 
 
 def _gp_logdensity(p):
