@@ -138,7 +138,9 @@ def sample(
     noncentered
         For a NumPyro model: sample every latent site whose ``loc`` or ``scale`` depends on other latent sites
         (a hierarchy's ``theta ~ Normal(mu, tau)``) non-centred, ``theta = mu + tau * theta_decentered``
-        (NumPyro's ``LocScaleReparam(0)``), ``theta`` still reported. A centred hierarchy's funnel is the one
+        (NumPyro's ``LocScaleReparam(0)``), ``theta`` still reported. For a PyMC model the same for every
+        ``pm.Normal`` free variable whose ``mu`` or ``sigma`` depends on another free variable (rewritten on a
+        copy of the model's graph: :mod:`dhmc.models.pymc_noncentred`). A centred hierarchy's funnel is the one
         geometry no step size serves: the centred eight schools takes tens of thousands of gradients a chain
         and stays biased; non-centred, a few hundred (``benchmarks/README.md``).
     dims, coords

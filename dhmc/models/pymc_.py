@@ -153,11 +153,16 @@ class PyMCTarget:
 
     def with_outputs(self, log_likelihood: bool = False, predictive: bool = False,
                      noncentered: bool = False) -> PyMCTarget:
-        """The same model, its flat model also giving pointwise log-likelihoods and/or predictive draws."""
+        """The same model, its flat model also giving pointwise log-likelihoods and/or predictive draws, and with
+        ``noncentered`` its hierarchy's normal variables sampled non-centred (:mod:`dhmc.models.pymc_noncentred`)."""
+        model = self.model
         if noncentered:
-            raise ValueError(f"noncentered=True is for NumPyro models; {self.name!r} is a PyMC model: write its "
-                             "hierarchy non-centred (theta = mu + tau * pm.Normal('z', 0, 1, dims=...))")
-        return replace(self, log_likelihood=log_likelihood, predictive=predictive)
+            from dhmc.models.pymc_noncentred import noncentred as rewrite
+
+            model = rewrite(model)[0]
+        target = replace(self, model=model, log_likelihood=log_likelihood, predictive=predictive)
+        target.check()
+        return target
 
     def check(self) -> None:
         """Refuse, in one line naming the variable, a model dhmc cannot sample: a discrete free variable,
@@ -172,6 +177,9 @@ class PyMCTarget:
                                  "marginalize) or make it observed")
         names = {rv.name for rv in model.free_RVs}
         for key in self.init or {}:
+            if key not in names and f"{key}_decentered" in names:
+                raise ValueError(f"init names {key!r}, which noncentered=True samples as {key}_decentered (standard "
+                                 f"normal): give that, or leave {key!r} out")
             if key not in names:
                 raise ValueError(f"init names {key!r}, which is not a free variable of the PyMC model; its free "
                                  f"variables are {', '.join(sorted(names))}")

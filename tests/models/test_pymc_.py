@@ -95,8 +95,6 @@ def test_an_op_without_a_jax_implementation_is_one_line_naming_the_variable():
 
 
 def test_options_for_numpyro_models_only_are_refused_for_a_pymc_model():
-    with pytest.raises(ValueError, match="noncentered=True is for NumPyro models"):
-        dhmc.sample(schools(), noncentered=True, chains=4, draws=10, progress=False, cluster=NOWHERE)
     with pytest.raises(ValueError, match="model_args and model_kwargs are for NumPyro models"):
         dhmc.sample(schools(), model_args=(1,), chains=4, draws=10, progress=False, cluster=NOWHERE)
     with pytest.raises(ValueError, match="init names 'nope', which is not a free variable"):

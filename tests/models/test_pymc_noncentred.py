@@ -1,0 +1,71 @@
+"""``noncentered=True`` for a PyMC model: the hierarchy's normal variables rewritten on a copy of the model's graph,
+the same posterior (the log density changes by the rewrite's log-Jacobian only), the user's model untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+
+import jax  # noqa: E402
+
+import dhmc  # noqa: E402
+from dhmc.models.pymc_ import pymc_target  # noqa: E402
+from dhmc.models.pymc_noncentred import noncentred, noncentred_variables  # noqa: E402
+from tests.validation.pymc_models import eight_schools_centered, eight_schools_noncentered, kidiq  # noqa: E402
+
+NOWHERE = "tcp://127.0.0.1:9"  # never reached: the errors below come before any connection
+
+
+@pytest.fixture(autouse=True)
+def _keep_x64():
+    x64 = jax.config.jax_enable_x64
+    yield
+    jax.config.update("jax_enable_x64", x64)
+
+
+def test_only_a_normal_whose_location_or_scale_depends_on_a_free_variable_is_rewritten():
+    assert noncentred_variables(eight_schools_centered()) == ["theta"]
+    assert noncentred_variables(eight_schools_noncentered()) == []  # theta_trans ~ Normal(0, 1): no hierarchy
+    assert noncentred_variables(kidiq()) == []
+    with pm.Model() as model:
+        tau = pm.HalfNormal("tau")
+        pm.StudentT("t", nu=3, mu=0, sigma=tau)  # not a normal: stays centred
+        pm.LogNormal("w", 0, tau)  # transformed (positive): stays centred
+    assert noncentred_variables(model) == []
+    same, names = noncentred(model)
+    assert same is model and names == []
+
+
+def test_the_rewritten_log_density_is_the_centred_one_plus_its_log_jacobian():
+    """At random points, log p_nc(mu, log tau, z) = log p_c(mu, log tau, theta = mu + tau z) + 8 log tau (the
+    Jacobian of z -> theta): the same posterior, written non-centred."""
+    centred = eight_schools_centered()
+    rewritten, names = noncentred(centred)
+    assert names == ["theta"]
+    assert [v.name for v in centred.free_RVs] == ["mu", "tau", "theta"]  # the user's model is unchanged
+    assert {v.name for v in rewritten.free_RVs} == {"mu", "tau", "theta_decentered"}
+    assert [d.name for d in rewritten.deterministics] == ["theta"]
+    assert rewritten.named_vars_to_dims["theta"] == rewritten.named_vars_to_dims["theta_decentered"] == ["school"]
+    logp_c, logp_nc = centred.compile_logp(), rewritten.compile_logp()
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        mu, log_tau, z = rng.normal(0, 3), rng.normal(1, 1), rng.normal(size=8)
+        theta = mu + np.exp(log_tau) * z
+        c = logp_c({"mu": mu, "tau_log__": log_tau, "theta": theta})
+        nc = logp_nc({"mu": mu, "tau_log__": log_tau, "theta_decentered": z})
+        np.testing.assert_allclose(nc, c + 8 * log_tau, rtol=1e-10)
+
+
+def test_the_flat_model_reports_theta_and_refuses_an_init_for_it():
+    target = pymc_target(eight_schools_centered()).with_outputs(noncentered=True)
+    flat = target.build()
+    x = np.asarray(flat.centre) + 0.3
+    values = flat.constrain_fn(x)
+    assert set(values) == {"mu", "tau", "theta", "theta_decentered"}
+    np.testing.assert_allclose(values["theta"], values["mu"] + values["tau"] * values["theta_decentered"],
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="init names 'theta', which noncentered=True samples as theta_decentered"):
+        dhmc.sample(eight_schools_centered(), init={"theta": np.zeros(8)}, noncentered=True, chains=4, draws=10,
+                    progress=False, cluster=NOWHERE)
