@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a dense (--dense-mass) or diagonal (--no-dense-mass) metric; default: warmup=auto chooses")
     s.add_argument("--target-accept", type=float, default=None, help="default 0.8 (0.9 for mams)")
     s.add_argument("--noncentered", action="store_true",
-                   help="NumPyro and PyMC models: sample hierarchical normal variables non-centred (theta = mu + tau * z)")
+                   help="NumPyro and PyMC models: hierarchical normal variables sampled non-centred (mu + tau * z)")
     s.add_argument("--out", required=True, help="Zarr store to write")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
     _cluster_args(s)
