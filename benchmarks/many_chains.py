@@ -73,7 +73,7 @@ from benchmarks.machine import cores, have_dask_cuda, machine
 
 SAMPLERS = ("dhmc", "numpyro", "chees", "meads", "laps")
 PROBLEMS = ess.REFERENCE + ("gauss100_rot", "funnel", ess.NONCENTERED, "icg100", "brownian", ess.BROWNIAN_NONCENTERED)
-# irt: on request, once its reference is made (python -m benchmarks.laps_targets irt)
+# irt (inference-gym's 501-D item-response model): on request (--problems irt), its 1024-chain runs take minutes
 ROUTE_SAMPLERS = {route: ("dhmc",) for route in ess.ROUTES}  # dhmc's documented route; the peers run the log density
 RHAT_MAX = 1.01
 GRID_START, GRID_RATIO = 8, 1.25

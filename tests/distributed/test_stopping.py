@@ -42,3 +42,13 @@ def test_paired_drift_sees_a_slow_one_way_drift_that_the_moments_do_not():
     assert stopping.paired_drift(start, still - 0.02) > stopping.critical_z(2)  # 2% of an sd, all one way
 
 
+
+
+def test_a_paired_test_counts_1024_chains_of_a_larger_ensemble():
+    """4096 chains are tested on every fourth: the same noise as 1024 chains, so a drift just above the critical z
+    does not hold a larger ensemble's warmup longer (the ICG's cold phase ran 3 more rounds at 4096 chains)."""
+    rng = np.random.default_rng(2)
+    start = rng.normal(size=(4096, 3))
+    end = start + 0.3 * rng.normal(size=start.shape) + 0.01
+    assert stopping.paired_drift(start, end) == stopping.paired_drift(start[::4], end[::4])
+    assert stopping.drift_chains(1000) == slice(None, None, 1) and stopping.drift_chains(5000) == slice(None, None, 4)
