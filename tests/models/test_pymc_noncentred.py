@@ -69,3 +69,20 @@ def test_the_flat_model_reports_theta_and_refuses_an_init_for_it():
     with pytest.raises(ValueError, match="init names 'theta', which noncentered=True samples as theta_decentered"):
         dhmc.sample(eight_schools_centered(), init={"theta": np.zeros(8)}, noncentered=True, chains=4, draws=10,
                     progress=False, cluster=NOWHERE)
+
+
+@pytest.mark.slow
+def test_a_noncentred_pymc_run_resumes_bitwise(client2, tmp_path):
+    """The store's run spec keeps ``noncentered``: resuming with the user's (centred) model rewrites it again, to
+    the same flat layout and the same draws."""
+    from dhmc.storage import zarr_
+
+    kwargs = dict(chains=16, draws=40, warmup=40, chains_per_task=8, cluster=client2, progress=False,
+                  noncentered=True)
+    whole = dhmc.sample(eight_schools_centered(), store=tmp_path / "whole.zarr", **kwargs)
+    dhmc.sample(eight_schools_centered(), store=tmp_path / "cut.zarr", **kwargs)
+    root, _ = zarr_.open_store(tmp_path / "cut.zarr")
+    root["dhmc/done"][1, :] = 0  # as if the run had stopped before the second chunk's blocks were marked
+    resumed = dhmc.resume(tmp_path / "cut.zarr", cluster=client2, target=eight_schools_centered(), progress=False)
+    for name in ("theta", "theta_decentered", "tau"):
+        np.testing.assert_array_equal(resumed["posterior"][name].values, whole["posterior"][name].values)
