@@ -111,7 +111,7 @@ def sample(
         Adapt step size, trajectory length and a diagonal (or dense) inverse mass matrix during warmup,
         steering the ensemble's harmonic-mean acceptance to ``target_accept`` (default 0.8; 0.9 for MAMS).
         ``dense_mass=None``: ``warmup="auto"`` chooses a dense metric where the ensemble after its cold phase
-        is correlated enough to pay for one and has the chains to estimate it (4 per dimension; at most 1000
+        is correlated enough to pay for one and has the chains to estimate it (2 per dimension; at most 1000
         dimensions), else diagonal (an integer warmup: diagonal); the result's run spec says which.
     cluster
         None (an embedded local cluster), ``"local"``, ``"cuda"``, ``"slurm"``, a scheduler address, a

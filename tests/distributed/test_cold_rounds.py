@@ -23,8 +23,22 @@ def _draws(seed: int, corr: float = 0.0) -> np.ndarray:
 def test_wants_dense_needs_the_chains_to_estimate_it():
     x = _draws(0, 0.99)
     assert cold_rounds.wants_dense(x)
-    assert not cold_rounds.wants_dense(x[: 4 * DIM - 1])  # fewer than 4 chains a dimension
+    assert not cold_rounds.wants_dense(x[: 2 * DIM - 1])  # fewer than 2 chains a dimension
     assert not cold_rounds.wants_dense(x[:, :1])  # one dimension
+
+
+def test_wants_dense_looks_past_the_condition_noise_gives_a_few_chains_a_dimension():
+    """1024 draws of 501 uncorrelated coordinates have a correlation matrix of condition ~30 from noise alone: no
+    dense metric. An item-response-like ensemble, whose first coordinate is 20 times tighter given the others
+    than alone (the mean ability, given the abilities), gets one."""
+    rng = np.random.default_rng(3)
+    free = rng.normal(size=(1024, 501))
+    assert np.linalg.cond(np.corrcoef(free, rowvar=False)) > 10  # the old rule's threshold, passed by noise
+    assert not cold_rounds.wants_dense(free)
+    tied = free.copy()
+    tied[:, 0] = -free[:, 1:].mean(axis=1) * math.sqrt(500) + 0.05 * free[:, 0]
+    assert cold_rounds.wants_dense(tied)
+    assert math.isclose(cold_rounds.noise_condition(1024, 3), 1.24, rel_tol=0.01)
 
 
 def test_stray_chains_are_reseated_onto_the_next_chain_that_is_not():
