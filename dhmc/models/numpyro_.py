@@ -77,7 +77,6 @@ class NumPyroTarget:
         return jax.tree.map(np.asarray, run(keys))
 
     def build(self) -> FlatModel:
-        from numpyro import handlers
         from numpyro.infer import init_to_uniform
         from numpyro.infer.util import constrain_fn, initialize_model, potential_energy
 
@@ -86,17 +85,26 @@ class NumPyroTarget:
         args, kwargs = self.model_args, self.model_kwargs
         seen = {}
 
+        def observations(trace) -> dict:
+            return {name: site["value"] for name, site in trace.items()
+                    if site["type"] == "sample" and site.get("is_observed")}
+
         def start(key):
             info = initialize_model(key, model, model_args=args, model_kwargs=kwargs, dynamic_args=False,
                                     init_strategy=strategy or init_to_uniform)
             seen["trace"] = info.model_trace
-            return info.param_info.z, info.param_info.potential_energy
+            return info.param_info.z, info.param_info.potential_energy, observations(info.model_trace)
 
         # Traced, not run op by op: eagerly, NumPyro's initialisation compiled ~170 one-op programs (3 s of CPU in
-        # every process that builds the model). The default start needs only the sites' shapes; a strategy's point
-        # is one compiled program.
+        # every process that builds the model). The default start needs only the sites' shapes and the data, unless
+        # the model computes its observations (jnp.asarray of a list): then, as for a strategy's point, one
+        # compiled program.
         key = jax.random.PRNGKey(0)
-        template, energy = jax.jit(start)(key) if strategy else jax.eval_shape(start, key)
+        if strategy is None:
+            template, energy, _ = jax.eval_shape(start, key)
+            observed = observations(seen["trace"])
+        if strategy is not None or any(isinstance(v, jax.core.Tracer) for v in observed.values()):
+            template, energy, observed = jax.jit(start)(key)
         trace = seen.pop("trace")
         if strategy is not None and not np.isfinite(energy):
             initialize_model(jax.random.PRNGKey(0), model, model_args=args, model_kwargs=kwargs,
@@ -120,11 +128,6 @@ class NumPyroTarget:
         def constrain(x):
             return constrain_fn(model, args, kwargs, unravel(x), return_deterministic=True)
 
-        observed = {name: site["value"] for name, site in trace.items()
-                    if site["type"] == "sample" and site.get("is_observed")}
-        if any(isinstance(v, jax.core.Tracer) for v in observed.values()):  # computed in the model: run it once
-            run = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
-            observed = {name: run[name]["value"] for name in observed}
         observed = {name: np.asarray(v) for name, v in observed.items()}
         if self.log_likelihood and not observed:
             raise ValueError(f"log_likelihood=True needs observed sites (obs=...), the model {self.name!r} has none")
