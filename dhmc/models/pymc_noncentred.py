@@ -16,13 +16,13 @@ __all__ = ["noncentred", "noncentred_variables"]
 def noncentred_variables(model) -> list[str]:
     """The free variables worth non-centring: a ``pm.Normal`` on the real line (no transform) whose ``mu`` or
     ``sigma`` depends on another free variable (a hierarchy)."""
-    import pymc as pm
     from pytensor.graph.traversal import ancestors
+    from pytensor.tensor.random.basic import NormalRV
 
     free = set(model.free_RVs)
     names = []
     for rv in model.free_RVs:
-        if not isinstance(rv.owner.op, type(pm.Normal.dist(0.0, 1.0).owner.op)):
+        if not isinstance(rv.owner.op, NormalRV):
             continue
         if model.rvs_to_transforms.get(rv) is not None:
             continue
