@@ -100,10 +100,14 @@ class NumPyroTarget:
         # the model computes its observations (jnp.asarray of a list): then, as for a strategy's point, one
         # compiled program.
         key = jax.random.PRNGKey(0)
+        observed = None
         if strategy is None:
             template, energy, _ = jax.eval_shape(start, key)
-            observed = observations(seen["trace"])
-        if strategy is not None or any(isinstance(v, jax.core.Tracer) for v in observed.values()):
+            try:
+                observed = {name: np.asarray(v) for name, v in observations(seen["trace"]).items()}
+            except jax.errors.TracerArrayConversionError:  # computed in the model
+                observed = None
+        if observed is None:
             template, energy, observed = jax.jit(start)(key)
         trace = seen.pop("trace")
         if strategy is not None and not np.isfinite(energy):
