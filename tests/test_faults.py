@@ -120,12 +120,13 @@ def test_killed_driver_resumes_bitwise(tmp_path):
 
 def test_ctrl_c_leaves_a_resumable_store(tmp_path):
     store = tmp_path / "int.zarr"
-    proc = subprocess.Popen(_cli("sample", "coin_toss", "--chains", 128, "--draws", 4000, "--warmup", 100,
+    proc = subprocess.Popen(_cli("sample", "coin_toss", "--chains", 128, "--draws", 16000, "--warmup", 100,
                                  "--chains-per-task", 16, "--out", store, "--no-progress"),
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
     while done_blocks(store) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it was interrupted: give it more draws"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-1500:]
