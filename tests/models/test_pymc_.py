@@ -26,14 +26,6 @@ def schools():
     return eight_schools_noncentered()
 
 
-@pytest.fixture(autouse=True)
-def _keep_x64():
-    """A PyMC model sets x64 from floatX (as PyMC's JAX backend does): put the caller's back after each test."""
-    x64 = jax.config.jax_enable_x64
-    yield
-    jax.config.update("jax_enable_x64", x64)
-
-
 def test_the_flat_model_is_pymcs_log_density_on_the_unconstrained_scale():
     model = schools()
     flat = pymc_target(model).build()

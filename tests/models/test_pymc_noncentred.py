@@ -8,21 +8,12 @@ import pytest
 
 pm = pytest.importorskip("pymc")
 
-import jax  # noqa: E402
 
 import dhmc  # noqa: E402
 from dhmc.models.pymc_ import pymc_target  # noqa: E402
 from dhmc.models.pymc_noncentred import noncentred, noncentred_variables  # noqa: E402
+from tests.models.test_pymc_ import NOWHERE  # noqa: E402
 from tests.validation.pymc_models import eight_schools_centered, eight_schools_noncentered, kidiq  # noqa: E402
-
-NOWHERE = "tcp://127.0.0.1:9"  # never reached: the errors below come before any connection
-
-
-@pytest.fixture(autouse=True)
-def _keep_x64():
-    x64 = jax.config.jax_enable_x64
-    yield
-    jax.config.update("jax_enable_x64", x64)
 
 
 def test_only_a_normal_whose_location_or_scale_depends_on_a_free_variable_is_rewritten():
