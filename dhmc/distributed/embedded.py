@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -194,8 +195,33 @@ class DashboardOnDemand(web.Application):
         return application.find_handler(request, **kwargs)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
+def _ephemeral_ports() -> range:
+    """The ports the OS hands out for ``bind(0)`` and outgoing connections (IANA's range where it does not say)."""
+    with suppress(OSError, ValueError), open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = map(int, f.read().split())
+        return range(low, high + 1)
+    return range(32768, 65536)  # Linux's default; BSD, macOS and Windows hand out 49152-65535
+
+
+def _free_port(host: str, rng: random.Random | None = None, tries: int = 64) -> int:
+    """A port free now on ``host`` that no ``bind(0)`` can take before the scheduler binds it.
+
+    The workers are spawned before the scheduler listens, so the port is free for a while; taken from the
+    OS's ephemeral range, a worker's, the dashboard's or any process's ``bind(0)`` may be handed it in the
+    meantime (once in a few hundred cluster starts: "Scheduler failed to start"). Outside that range only an
+    explicit bind can take it.
+    """
+    rng = rng or random.Random()
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in (rng.randrange(10_000, 32_768) for _ in range(tries)) if p not in ephemeral]
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # an OS whose ephemeral range covers 10000-32767
         sock.bind((host, 0))
         return sock.getsockname()[1]
 

@@ -72,6 +72,24 @@ def test_an_executable_for_another_backend_is_compiled_here_instead():
     assert program.load_executable(b"garbage") is None
 
 
+def test_the_scheduler_port_is_one_no_bind_to_port_zero_can_take_before_it_listens():
+    """The workers start before the scheduler listens on its port: one from the ephemeral range could be handed
+    to a worker's or the dashboard's ``bind(0)`` meanwhile (CI once: "Scheduler failed to start")."""
+    import random
+    import socket
+
+    from dhmc.distributed.embedded import _ephemeral_ports, _free_port
+
+    ephemeral = _ephemeral_ports()
+    ports = [_free_port("127.0.0.1", random.Random(seed)) for seed in range(20)]
+    assert all(port not in ephemeral and 10_000 <= port < 32_768 for port in ports), ports
+    taken = _free_port("127.0.0.1", random.Random(0))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        other = _free_port("127.0.0.1", random.Random(0))  # the same first choice, taken: the next one
+    assert other != taken and other not in ephemeral
+
+
 def test_a_killed_embedded_worker_is_restarted(embedded):
     """On the session's embedded cluster (the tests after this one sample on the restarted worker)."""
     before = embedded.run(os.getpid)
