@@ -12,9 +12,12 @@ import ssl
 import tempfile
 
 
+_FILES = tempfile.TemporaryDirectory(prefix="dhmc-tls-probe-")  # removed when the test process ends
+
+
 def pem_files(security, role: str = "worker") -> dict:
     """``{"ca", "cert", "key"}`` file paths of ``security``'s ``role`` (in-memory PEM texts written to files)."""
-    folder = tempfile.mkdtemp(prefix="dhmc-tls-probe-")
+    folder = tempfile.mkdtemp(dir=_FILES.name)
     files = {}
     for key, value in security.get_tls_config_for_role(role).items():
         if value is None or key not in ("ca_file", "cert", "key"):

@@ -54,7 +54,10 @@ def connect(cluster=None, options: dict | None = None):
         limits = {"distributed.scheduler.allowed-failures": max(0, int(config.get("worker-crashes")) - 1),
                   "distributed.scheduler.no-workers-timeout": config.get("no-workers-timeout")}
         with dask.config.set(limits):
-            started = builder(**opts)
+            try:
+                started = builder(**opts)
+            except (RuntimeError, OSError) as e:  # Dask's "Cluster failed to start" hides what failed
+                raise ClusterError(f"the {kind} cluster failed to start: {_causes(e)}") from e
         client = Client(started, set_as_default=False)
         n = opts.get("jobs") if kind == "slurm" else expected_workers(started)
         try:
@@ -72,6 +75,20 @@ def connect(cluster=None, options: dict | None = None):
         return client, client.close
     raise ValueError(f"cluster must be None, one of {', '.join(KINDS)}, a scheduler address, a Client or a "
                      f"Cluster; got {cluster!r}")
+
+
+def _causes(error: BaseException) -> str:
+    """An error's message followed by those of the errors that caused it: ``"a: b: OSError: [Errno 98] ..."``."""
+    parts, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error).rstrip(".") or type(error).__name__
+        if isinstance(error, OSError) and parts:
+            text = f"{type(error).__name__}: {text}"
+        if not any(text in part for part in parts):  # Dask repeats the message of the error it wraps
+            parts.append(text)
+        error = error.__cause__ or error.__context__
+    return ": ".join(parts)
 
 
 def _close(client, cluster):
