@@ -56,6 +56,8 @@ def connect(cluster=None, options: dict | None = None):
         with dask.config.set(limits):
             try:
                 started = builder(**opts)
+            except ClusterError:  # dhmc's own: says what to do already
+                raise
             except (RuntimeError, OSError) as e:  # Dask's "Cluster failed to start" hides what failed
                 raise ClusterError(f"the {kind} cluster failed to start: {_causes(e)}") from e
         client = Client(started, set_as_default=False)

@@ -90,21 +90,6 @@ def test_the_scheduler_port_is_one_no_bind_to_port_zero_can_take_before_it_liste
     assert other != taken and other not in ephemeral
 
 
-def test_a_cluster_that_cannot_start_says_why(monkeypatch):
-    import socket
-
-    from dhmc.distributed import embedded
-    from dhmc.distributed.connect import connect
-    from dhmc.errors import ClusterError
-
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        monkeypatch.setattr(embedded, "_free_port", lambda host: holder.getsockname()[1])
-        with pytest.raises(ClusterError, match=r"^the local cluster failed to start: .*Address already in use"):
-            connect(None, {"n_workers": 1})
-
-
 def test_a_killed_embedded_worker_is_restarted(embedded):
     """On the session's embedded cluster (the tests after this one sample on the restarted worker)."""
     before = embedded.run(os.getpid)
