@@ -11,7 +11,6 @@ import os
 import ssl
 import tempfile
 
-
 _FILES = tempfile.TemporaryDirectory(prefix="dhmc-tls-probe-")  # removed when the test process ends
 
 
