@@ -208,7 +208,7 @@ def _free_port(host: str, rng: random.Random | None = None, tries: int = 64) -> 
 
     The workers are spawned before the scheduler listens, so the port is free for a while; taken from the
     OS's ephemeral range, a worker's, the dashboard's or any process's ``bind(0)`` may be handed it in the
-    meantime (the likely cause of a CI run's one "Scheduler failed to start" in some 150 cluster starts). Outside
+    meantime (the likely cause of a CI run's one "Scheduler failed to start", in a CLI resume). Outside
     that range only an explicit bind can take it.
     """
     rng = rng or random.Random()
