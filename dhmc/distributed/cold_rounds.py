@@ -30,8 +30,9 @@ COLD_MIN_CHAINS = 8  # fewer chains: no cold phase (no ensemble to estimate its 
 COLD_START_STEP = 0.05  # the first cold step, times sqrt(d), in the start's gradient metric (LAPS: 0.01 sqrt(d))
 STRAY_IQRS = 10.0  # a cold chain whose log density is this many IQRs (and STRAY_NATS) below the median is stray
 STRAY_NATS = 10.0
-DENSE_CONDITION = 10.0  # dense_mass=None: a dense metric when the ensemble's correlation matrix is this many times
-# more ill-conditioned than an uncorrelated ensemble's of as many chains (noise_condition) ...
+DENSE_CONDITION = 10.0  # dense_mass=None: a dense metric when the ensemble's correlation matrix has at least this
+DENSE_NOISE_MARGIN = 3.0  # condition number, and this many times an uncorrelated ensemble's of as many chains
+# (noise_condition) ...
 DENSE_CHAINS_PER_DIM = 2  # ... and the ensemble has this many chains per dimension to estimate it
 DENSE_MAX_DIM = 1000  # ... and the dimension is at most this (a dense step costs d^2)
 
@@ -118,12 +119,15 @@ def noise_condition(chains: int, dim: int) -> float:
 def wants_dense(positions: np.ndarray) -> bool:
     """Whether a dense metric pays for this ensemble: enough chains to estimate one (:data:`DENSE_CHAINS_PER_DIM`
     per dimension), a dimension of at most :data:`DENSE_MAX_DIM`, and a correlation matrix whose condition
-    number is at least :data:`DENSE_CONDITION` times what noise alone gives it (:func:`noise_condition`): what a
-    diagonal metric leaves for the trajectories to cover, beyond what the estimate itself adds.
+    number is at least :data:`DENSE_CONDITION` and :data:`DENSE_NOISE_MARGIN` times what noise alone gives it
+    (:func:`noise_condition`): what a diagonal metric leaves for the trajectories to cover, beyond what the
+    estimate itself adds.
 
     An item-response model's mean ability is 20 times tighter given the abilities than alone (its sd 0.006 against
     0.11): with 1024 chains in 501 dimensions (2 a dimension) a dense metric took 891 sequential gradients a chain
-    where the diagonal took 5,400 (``benchmarks/README.md``)."""
+    where the diagonal took 5,400. The Brownian motion written non-centred (32 dimensions) took 3,076 with a
+    dense metric and 16,818 with the diagonal one that 10 times the noise condition chose (``benchmarks/README.md``).
+    """
     chains, dim = positions.shape
     if dim < 2 or dim > DENSE_MAX_DIM or chains < DENSE_CHAINS_PER_DIM * dim:
         return False
@@ -132,7 +136,8 @@ def wants_dense(positions: np.ndarray) -> bool:
     if not np.all(np.isfinite(sd) & (sd > 0)):
         return False
     eig = np.linalg.eigvalsh(np.corrcoef(x, rowvar=False))
-    return bool(eig[0] > 0 and eig[-1] / eig[0] >= DENSE_CONDITION * noise_condition(chains, dim))
+    threshold = max(DENSE_CONDITION, DENSE_NOISE_MARGIN * noise_condition(chains, dim))
+    return bool(eig[0] > 0 and eig[-1] / eig[0] >= threshold)
 
 
 class ColdPhase:

@@ -41,6 +41,20 @@ def test_wants_dense_looks_past_the_condition_noise_gives_a_few_chains_a_dimensi
     assert math.isclose(cold_rounds.noise_condition(1024, 3), 1.24, rel_tol=0.01)
 
 
+def test_wants_dense_for_a_moderate_correlation_that_many_chains_resolve():
+    """The Brownian motion written non-centred (32 dimensions, 1024 chains): its cold ensemble's correlation condition
+    lies between 10 and 20.5 (10 times noise's 2.05, which refused it a dense metric), and the diagonal metric took
+    5.5 times the gradients. Here a condition of 15."""
+    rng = np.random.default_rng(4)
+    free = rng.normal(size=(1024, 32))
+    assert not cold_rounds.wants_dense(free)
+    tied = free.copy()
+    tied[:, 1] = 0.875 * free[:, 0] + math.sqrt(1 - 0.875**2) * free[:, 1]  # condition (1 + r) / (1 - r) = 15
+    condition = np.linalg.cond(np.corrcoef(tied, rowvar=False))
+    assert 10 < condition < 10 * cold_rounds.noise_condition(1024, 32), condition
+    assert cold_rounds.wants_dense(tied)
+
+
 def test_stray_chains_are_reseated_onto_the_next_chain_that_is_not():
     """Two chains 400 nats below an ensemble whose log densities spread over an IQR of 2 (a Gaussian mixture's
     local mode): moved onto their next neighbours in chain order; a chain merely in the tail is left alone."""
