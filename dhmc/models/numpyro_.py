@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,15 +86,11 @@ class NumPyroTarget:
         args, kwargs = self.model_args, self.model_kwargs
         seen = {}
 
-        def observations(trace) -> dict:
-            return {name: site["value"] for name, site in trace.items()
-                    if site["type"] == "sample" and site.get("is_observed")}
-
         def start(key):
             info = initialize_model(key, model, model_args=args, model_kwargs=kwargs, dynamic_args=False,
                                     init_strategy=strategy or init_to_uniform)
             seen["trace"] = info.model_trace
-            return info.param_info.z, info.param_info.potential_energy, observations(info.model_trace)
+            return info.param_info.z, info.param_info.potential_energy, _observations(info.model_trace)
 
         # Traced, not run op by op: eagerly, NumPyro's initialisation compiled ~170 one-op programs (3 s of CPU in
         # every process that builds the model). The default start needs only the sites' shapes and the data, unless
@@ -103,10 +100,8 @@ class NumPyroTarget:
         observed = None
         if strategy is None:
             template, energy, _ = jax.eval_shape(start, key)
-            try:
-                observed = {name: np.asarray(v) for name, v in observations(seen["trace"]).items()}
-            except jax.errors.TracerArrayConversionError:  # computed in the model
-                observed = None
+            with suppress(jax.errors.TracerArrayConversionError):  # computed in the model: the jit below
+                observed = {name: np.asarray(v) for name, v in _observations(seen["trace"]).items()}
         if observed is None:
             template, energy, observed = jax.jit(start)(key)
         trace = seen.pop("trace")
@@ -225,6 +220,11 @@ def noncentred_sites(model, args=(), kwargs=None) -> list[str]:
     return [n for n, is_latent, ls in sites if is_latent and ls and (set(depends.get(n, {})) & latent) - {n}]
 
 
+def _observations(trace) -> dict:
+    """The observed sample sites of a NumPyro trace and their values, in trace order."""
+    return {name: site["value"] for name, site in trace.items() if site["type"] == "sample" and site.get("is_observed")}
+
+
 def _draw_sites(model, args, kwargs, key, latent=None) -> tuple[dict, dict]:
     """``(latent and deterministic sites, observed sites)`` of one draw: the latent ones from the prior
     (or ``latent``), each observed site drawn from its distribution given them."""
@@ -232,8 +232,7 @@ def _draw_sites(model, args, kwargs, key, latent=None) -> tuple[dict, dict]:
 
     run = handlers.seed(model, key) if latent is None else handlers.substitute(handlers.seed(model, key), latent)
     trace = handlers.trace(run).get_trace(*args, **kwargs)
-    observed = [n for n, s in trace.items() if s["type"] == "sample" and s.get("is_observed")]
-    drawn = {n: trace[n]["fn"].sample(jax.random.fold_in(key, i + 1)) for i, n in enumerate(observed)}
+    drawn = {n: trace[n]["fn"].sample(jax.random.fold_in(key, i + 1)) for i, n in enumerate(_observations(trace))}
     sites = {n: s["value"] for n, s in trace.items()
              if s["type"] in ("sample", "deterministic") and n not in drawn}
     return sites, drawn
