@@ -302,9 +302,12 @@ def _child(cfg: dict, out: dict) -> dict:
 
 
 def _dhmc(problem, cfg, out) -> dict:
+    import warnings
+
     import numpy as np
 
     import dhmc
+    from dhmc.diagnostics import ebfmi
 
     chains = cfg["chains"]
     kwargs = dict(init=problem.init, chains=chains, draws="auto", target_ess=cfg["target_ess"], seed=cfg["seed"],
@@ -329,14 +332,18 @@ def _dhmc(problem, cfg, out) -> dict:
     else:
         target = problem.logdensity
     try:
-        try:
-            tree = dhmc.sample(target, warmup="auto", cluster=cluster, **kwargs)
-            out["warmup"] = "auto"
-        except (TypeError, ValueError) as e:
-            if "auto" not in str(e):
-                raise
-            out["warmup"], out["warmup_fallback"] = 1000, f"warmup='auto' raised {type(e).__name__}: {e}"
-            tree = dhmc.sample(target, warmup=1000, cluster=cluster, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", dhmc.ConvergenceWarning)
+            try:
+                tree = dhmc.sample(target, warmup="auto", cluster=cluster, **kwargs)
+                out["warmup"] = "auto"
+            except (TypeError, ValueError) as e:
+                if "auto" not in str(e):
+                    raise
+                out["warmup"], out["warmup_fallback"] = 1000, f"warmup='auto' raised {type(e).__name__}: {e}"
+                tree = dhmc.sample(target, warmup=1000, cluster=cluster, **kwargs)
+        out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, dhmc.ConvergenceWarning)]
+        out["ebfmi"] = ebfmi(tree)
         names = tree["posterior"].data_vars if problem.noncentered else problem.init
         draws = {k: tree["posterior"][k].values for k in names}
     finally:
@@ -604,6 +611,7 @@ def main(argv=None) -> int:
                       "prefix meeting min bulk and tail ESS >= target_ess and max R-hat < 1.01 (whole run if never)",
                       "b2: (mean - mean_ref)^2 / var_ref and (mean(x^2) - E_ref[x^2])^2 / Var_ref[x^2] at that prefix",
                       "min_ess_per_1k_grads: min bulk ESS per 1000 gradients of all chains, warmup included",
+                      "dhmc: warnings: the ConvergenceWarnings its run gave; ebfmi: the ensemble's E-BFMI (below 0.3 warns)",
                       "total_s: the whole call (compile, warmup, every draw run, not only the prefix)",
                       "funnel: non-centred (v, z); laps: the final ensemble only (one draw per chain), no R-hat"],
             "runs": rows})

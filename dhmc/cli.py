@@ -210,8 +210,7 @@ def _summary(args) -> int:
     table = diagnostics.summary(trace)
     with pd.option_context("display.max_rows", 200, "display.width", 160):
         print(table.round(4).to_string())
-    print(f"divergences: {diagnostics.divergences(trace)}; E-BFMI (min over chains): "
-          f"{diagnostics.ebfmi(trace).min():.3f}")
+    print(f"divergences: {diagnostics.divergences(trace)}; E-BFMI: {diagnostics.ebfmi(trace):.3f}")
     for warning in diagnostics.check(trace, table):
         print(f"warning: {warning}")
     return 0

@@ -7,7 +7,8 @@ import xarray as xr
 
 from dhmc.distributed.stopping import describe
 from dhmc.distributed.warmup import adjusted_iterations
-from dhmc.stats import nested_rhat
+from dhmc.stats import EBFMI_CHAINS, EBFMI_MIN, ebfmi_warning, nested_rhat
+from dhmc.stats import ebfmi as _ebfmi
 
 __all__ = ["nested_rhat", "summary", "ebfmi", "divergences", "check"]
 
@@ -34,10 +35,12 @@ def summary(trace: xr.DataTree, var_names=None, superchains: int | None = None):
     return table
 
 
-def ebfmi(trace: xr.DataTree) -> np.ndarray:
-    """Energy Bayesian fraction of missing information, per chain."""
-    energy = np.asarray(trace["sample_stats"]["energy"].values, float)
-    return np.square(np.diff(energy, axis=1)).mean(axis=1) / energy.var(axis=1)
+def ebfmi(trace: xr.DataTree) -> float:
+    """The ensemble's energy Bayesian fraction of missing information (:func:`dhmc.stats.ebfmi`) over the first
+    :data:`dhmc.stats.EBFMI_CHAINS` chains; NaN for MAMS, whose recorded energy is ``-log p`` alone (no momentum)."""
+    if (_attr(trace, "dhmc_run_spec") or {}).get("kernel") == "mams":
+        return float("nan")
+    return _ebfmi(trace["sample_stats"]["energy"].isel(chain=slice(0, EBFMI_CHAINS)).values)
 
 
 def divergences(trace: xr.DataTree) -> int:
@@ -69,9 +72,9 @@ def check(trace: xr.DataTree, table=None) -> list[str]:
     if last and not last.get("converged"):
         warnings.append(f"warmup='auto' reached its cap ({adjusted_iterations(history)} iterations) before "
                         f"the ensemble converged ({describe(last)})")
-    low_bfmi = int((ebfmi(trace) < 0.3).sum())
-    if low_bfmi:
-        warnings.append(f"E-BFMI below 0.3 in {low_bfmi} chains: momentum resampling explores energy poorly")
+    fraction = ebfmi(trace)
+    if fraction < EBFMI_MIN:
+        warnings.append(ebfmi_warning(fraction))
     return warnings
 
 

@@ -96,6 +96,30 @@ def test_divergent_draws_warn_and_are_kept(client2):
     assert not [w for w in caught if "divergent" in str(w.message)]
 
 
+def test_a_funnel_warns_of_its_energy_and_a_gaussian_does_not(client2):
+    """Neal's funnel, centred: each momentum refresh moves the energy by far less than its spread (E-BFMI about
+    0.1), so the neck fills slowly and the sds come out small; the run says so. A Gaussian's E-BFMI is about 1."""
+    import warnings
+
+    from jax.scipy.stats import norm
+
+    funnel = lambda p: norm.logpdf(p["v"], 0.0, 3.0) + jnp.sum(norm.logpdf(p["x"], 0.0, jnp.exp(p["v"] / 2)))
+    gaussian = lambda p: -0.5 * (p["v"] ** 2 + jnp.sum(p["x"] ** 2))
+    kw = dict(init={"v": jnp.zeros(()), "x": jnp.zeros(9)}, chains=32, draws=30, warmup=200, seed=2,
+              chains_per_task=16, progress=False, cluster=client2)
+    energy = []
+    for logdensity in (funnel, gaussian):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", dhmc.ConvergenceWarning)
+            trace = dhmc.sample(logdensity, **kw)
+        energy.append([str(w.message) for w in caught if str(w.message).startswith("E-BFMI")])
+        fraction = dhmc.diagnostics.ebfmi(trace)
+        assert (fraction < 0.3) == (logdensity is funnel), fraction
+        assert any(f.startswith("E-BFMI") for f in dhmc.diagnostics.check(trace)) == (logdensity is funnel)
+    assert len(energy[0]) == 1 and "below 0.3" in energy[0][0] and "noncentered=True" in energy[0][0]
+    assert energy[1] == []
+
+
 # Quick, the coin toss above samples a constrained NumPyro site (its uniform prior's logit) against its exact
 # posterior, and test_arviz_groups.py a model's deterministic sites and the observed data of its model_args.
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from dhmc import stats
 from dhmc.distributed import stopping, warmup
 from dhmc.distributed.monitor import RHAT_MAX, ConvergenceMonitor
 from dhmc.distributed.observers import Observers
@@ -73,7 +74,7 @@ def drive(run: RunContext, startup: Startup):
         timing = {"cluster_start": startup.seconds, **runner.timing, "total": time.perf_counter() - startup.t0}
         attrs = {**run.attrs, "dhmc_timing": json.dumps(timing), "dhmc_warmup": json.dumps(history)}
         attrs.update(_finish_auto(run.spec, sink, monitor, kept) if monitor.auto else _final_check(run.spec, monitor))
-        return _warn_divergences(sink.finish(attrs))
+        return _warn_energy(_warn_divergences(sink.finish(attrs)), run.spec.kernel)
     finally:
         if runner is not None:
             runner.observers.tell("close")
@@ -184,6 +185,17 @@ def _warn_divergences(trace):
         warnings.warn(f"{n} divergent transitions after warmup ({share:.3g}% of draws): the posterior may be biased "
                       "where the chains diverged; reparameterise (a NumPyro model's hierarchy: noncentered=True) or "
                       "raise target_accept", ConvergenceWarning, stacklevel=4)
+    return trace
+
+
+def _warn_energy(trace, kernel: str):
+    """``trace``, after a warning if its E-BFMI (:func:`dhmc.stats.ebfmi`, the first chains') is below 0.3: the
+    Brownian motion with unknown scales met every other check (ESS, nested R-hat, no divergence) with its scales'
+    sds 10-20% small. MAMS records ``-log p`` as its energy (no momentum): no E-BFMI."""
+    if kernel != "mams":
+        fraction = stats.ebfmi(trace["sample_stats"]["energy"].isel(chain=slice(0, stats.EBFMI_CHAINS)).values)
+        if fraction < stats.EBFMI_MIN:
+            warnings.warn(stats.ebfmi_warning(fraction), ConvergenceWarning, stacklevel=4)
     return trace
 
 
