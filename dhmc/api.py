@@ -29,7 +29,7 @@ from dhmc.distributed.startup import Startup, pickle_target
 from dhmc.models.base import TRACING
 from dhmc.models.reference import ReferenceTarget, is_reference
 from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
-from dhmc.storage.sinks import check_fits
+from dhmc.storage.memory import check_fits
 
 if TYPE_CHECKING:
     import xarray as xr

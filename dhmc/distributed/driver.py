@@ -86,7 +86,8 @@ def drive(run: RunContext, startup: Startup):
 
 def _open_sink(run: RunContext, run_id: str):
     """The run's sink: in memory without a store; else the store, created (or reopened to resume) and locked."""
-    from dhmc.storage.sinks import MemorySink, StoreSink
+    from dhmc.storage.memory import MemorySink
+    from dhmc.storage.sinks import StoreSink
 
     geometry = run.spec.geometry
     if run.store is None:
