@@ -333,8 +333,11 @@ def _child(cfg: dict, out: dict) -> dict:
         jax.config.update("jax_enable_x64", True)
     sampler = cfg["sampler"]
     if sampler in DHMC_KERNELS:
+        import warnings
+
         import dhmc
         import dhmc.api  # noqa: F401
+        from dhmc.stats import ebfmi
 
         t = time.perf_counter()
         warmup = cfg.get("dhmc_warmup", "auto")
@@ -343,8 +346,12 @@ def _child(cfg: dict, out: dict) -> dict:
         if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
             target = problem.route_model
             kwargs = {"noncentered": True}
-        tree = dhmc.sample(target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
-                           seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", dhmc.ConvergenceWarning)
+            tree = dhmc.sample(target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
+                               seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **kwargs)
+        out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, dhmc.ConvergenceWarning)]
+        out["ebfmi"] = ebfmi(tree["sample_stats"]["energy"].values)
         post = {k: v.values for k, v in tree["posterior"].data_vars.items()}
         out["total_s"] = time.perf_counter() - t
         timing = json.loads(tree["posterior"].attrs["dhmc_timing"])
@@ -399,7 +406,7 @@ def _numpyro(problem: Problem, cfg: dict, out: dict) -> dict:
     mcmc = MCMC(kernel, num_warmup=warmup, num_samples=draws, num_chains=chains,
                 chain_method=cfg["numpyro_chain_method"], progress_bar=False)
     args = problem.numpyro_args
-    fields = ("diverging", "num_steps")
+    fields = ("diverging", "num_steps", "energy")
     if cfg.get("numpyro_split"):
         # warmup() then run(): both phases timed, but NumPyro compiles again for run() (per chain if sequential)
         key_warm, key_run = jax.random.split(jax.random.PRNGKey(cfg["seed"]))
@@ -430,6 +437,10 @@ def _numpyro(problem: Problem, cfg: dict, out: dict) -> dict:
                warmup_grads=warm_steps, sampling_grads=int(steps[:, skip:].sum()),
                divergences=int(np.asarray(extra["diverging"])[:, skip:].sum()),
                mean_n_steps=float(steps[:, skip:].mean()))
+    from dhmc.stats import ebfmi
+
+    energy = np.asarray(extra["energy"], np.float64)[:, skip:]  # E-BFMI: the ensemble's (dhmc's) and Stan's per chain
+    out.update(ebfmi=ebfmi(energy), ebfmi_per_chain_min=float(min(ebfmi(e[None]) for e in energy)))
     return {k: np.asarray(v)[:, skip:] for k, v in samples.items()}
 
 
