@@ -49,7 +49,7 @@ def ebfmi(energy: np.ndarray) -> float:
     ensemble that started outside it fills it slowly. The variance is the ensemble's, not each chain's: a short
     chain's own energy spans only its neighbourhood, which makes Stan's per-chain fraction read high for many
     short chains. A Gaussian gives about 1; the centred eight schools and the Brownian motion with unknown
-    scales (whose sds come out 10-20% small) give 0.14-0.15.
+    scales (whose sds come out 10-20% small) give 0.13-0.16 at 1024 chains.
     """
     e = np.asarray(energy, np.float64)
     if e.ndim != 2 or e.shape[1] < 2:
