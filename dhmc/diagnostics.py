@@ -7,7 +7,7 @@ import xarray as xr
 
 from dhmc.distributed.stopping import describe
 from dhmc.distributed.warmup import adjusted_iterations
-from dhmc.stats import EBFMI_CHAINS, EBFMI_MIN, ebfmi_warning, nested_rhat
+from dhmc.stats import EBFMI_MIN, ebfmi_warning, nested_rhat
 from dhmc.stats import ebfmi as _ebfmi
 
 __all__ = ["nested_rhat", "summary", "ebfmi", "divergences", "check"]
@@ -36,11 +36,11 @@ def summary(trace: xr.DataTree, var_names=None, superchains: int | None = None):
 
 
 def ebfmi(trace: xr.DataTree) -> float:
-    """The ensemble's energy Bayesian fraction of missing information (:func:`dhmc.stats.ebfmi`) over the first
-    :data:`dhmc.stats.EBFMI_CHAINS` chains; NaN for MAMS, whose recorded energy is ``-log p`` alone (no momentum)."""
+    """The ensemble's energy Bayesian fraction of missing information (:func:`dhmc.stats.ebfmi`, its first chains);
+    NaN for MAMS, whose recorded energy is ``-log p`` alone (no momentum)."""
     if (_attr(trace, "dhmc_run_spec") or {}).get("kernel") == "mams":
         return float("nan")
-    return _ebfmi(trace["sample_stats"]["energy"].isel(chain=slice(0, EBFMI_CHAINS)).values)
+    return _ebfmi(trace["sample_stats"]["energy"])
 
 
 def divergences(trace: xr.DataTree) -> int:

@@ -41,8 +41,9 @@ def nested_rhat(draws: np.ndarray, superchains: int):
 
 def ebfmi(energy: np.ndarray) -> float:
     """The ensemble's energy Bayesian fraction of missing information (Betancourt 2016) of ``energy`` with shape
-    ``(chains, draws)``: the mean squared change of a chain's energy from one draw to the next over the energy's
-    variance across every chain and draw (NaN with fewer than two draws).
+    ``(chains, draws)`` (an array, or an xarray DataArray sliced before it is read) over its first
+    :data:`EBFMI_CHAINS` chains: the mean squared change of a chain's energy from one draw to the next over the
+    energy's variance across those chains' draws (NaN with fewer than two draws).
 
     Each refresh of HMC's momentum moves the energy by about the kinetic energy's spread; where the energy's
     marginal is much wider (a funnel's neck, a heavy tail) the chains take many draws to cross it, and an
@@ -51,7 +52,7 @@ def ebfmi(energy: np.ndarray) -> float:
     short chains. A Gaussian gives about 1; the centred eight schools and the Brownian motion with unknown
     scales (whose sds come out 10-20% small) give 0.13-0.16 at 1024 chains.
     """
-    e = np.asarray(energy, np.float64)
+    e = np.asarray(energy[:EBFMI_CHAINS], np.float64)
     if e.ndim != 2 or e.shape[1] < 2:
         return math.nan
     var = float(e.var())

@@ -194,7 +194,7 @@ def _warn_energy(trace, kernel: str):
     Brownian motion with unknown scales met every other check (ESS, nested R-hat, no divergence) with its scales'
     sds 10-20% small. MAMS records ``-log p`` as its energy (no momentum): no E-BFMI."""
     if kernel != "mams":
-        fraction = stats.ebfmi(trace["sample_stats"]["energy"].isel(chain=slice(0, stats.EBFMI_CHAINS)).values)
+        fraction = stats.ebfmi(trace["sample_stats"]["energy"])
         if fraction < stats.EBFMI_MIN:
             warnings.warn(stats.ebfmi_warning(fraction), ConvergenceWarning, stacklevel=4)
     return trace
