@@ -59,7 +59,7 @@ import sys
 import time
 import traceback
 
-from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, run_child, write_json
+from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, recording_convergence, run_child, write_json
 from benchmarks.machine import machine
 from benchmarks.targets import eight_schools_logdensity
 
@@ -333,11 +333,9 @@ def _child(cfg: dict, out: dict) -> dict:
         jax.config.update("jax_enable_x64", True)
     sampler = cfg["sampler"]
     if sampler in DHMC_KERNELS:
-        import warnings
-
         import dhmc
         import dhmc.api  # noqa: F401
-        from dhmc.stats import ebfmi
+        from dhmc.diagnostics import ebfmi
 
         t = time.perf_counter()
         warmup = cfg.get("dhmc_warmup", "auto")
@@ -346,12 +344,10 @@ def _child(cfg: dict, out: dict) -> dict:
         if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
             target = problem.route_model
             kwargs = {"noncentered": True}
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", dhmc.ConvergenceWarning)
+        with recording_convergence(out):
             tree = dhmc.sample(target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
                                seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **kwargs)
-        out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, dhmc.ConvergenceWarning)]
-        out["ebfmi"] = ebfmi(tree["sample_stats"]["energy"].values)
+        out["ebfmi"] = ebfmi(tree)  # NaN for MAMS, whose energy is -log p alone
         post = {k: v.values for k, v in tree["posterior"].data_vars.items()}
         out["total_s"] = time.perf_counter() - t
         timing = json.loads(tree["posterior"].attrs["dhmc_timing"])

@@ -8,6 +8,7 @@ stdout line is the measurement's JSON record.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 __all__ = ["REPO", "RESULTS", "write_json", "table", "run_child", "parse_args_or_run_child", "report_errors",
-           "finish", "timed"]
+           "finish", "timed", "recording_convergence"]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -152,3 +153,17 @@ def timed(fn):
     out = fn()
     jax.block_until_ready(out)
     return time.perf_counter() - t, out
+
+
+@contextlib.contextmanager
+def recording_convergence(out: dict):
+    """Record the ``dhmc.ConvergenceWarning`` messages raised inside (every one, repeats included) as
+    ``out["warnings"]``."""
+    import warnings
+
+    import dhmc
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", dhmc.ConvergenceWarning)
+        yield
+    out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, dhmc.ConvergenceWarning)]

@@ -68,7 +68,7 @@ import time
 import traceback
 
 from benchmarks import ess  # the problems, compare.py's verdict, the markdown table
-from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, run_child, write_json
+from benchmarks.harness import RESULTS, finish, parse_args_or_run_child, recording_convergence, run_child, write_json
 from benchmarks.machine import cores, have_dask_cuda, machine
 
 SAMPLERS = ("dhmc", "numpyro", "chees", "meads", "laps")
@@ -302,8 +302,6 @@ def _child(cfg: dict, out: dict) -> dict:
 
 
 def _dhmc(problem, cfg, out) -> dict:
-    import warnings
-
     import numpy as np
 
     import dhmc
@@ -332,8 +330,7 @@ def _dhmc(problem, cfg, out) -> dict:
     else:
         target = problem.logdensity
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", dhmc.ConvergenceWarning)
+        with recording_convergence(out):
             try:
                 tree = dhmc.sample(target, warmup="auto", cluster=cluster, **kwargs)
                 out["warmup"] = "auto"
@@ -342,7 +339,6 @@ def _dhmc(problem, cfg, out) -> dict:
                     raise
                 out["warmup"], out["warmup_fallback"] = 1000, f"warmup='auto' raised {type(e).__name__}: {e}"
                 tree = dhmc.sample(target, warmup=1000, cluster=cluster, **kwargs)
-        out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, dhmc.ConvergenceWarning)]
         out["ebfmi"] = ebfmi(tree)
         names = tree["posterior"].data_vars if problem.noncentered else problem.init
         draws = {k: tree["posterior"][k].values for k in names}
