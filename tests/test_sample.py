@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -53,14 +54,25 @@ def test_logdensity_with_client_gaussian_2d(client2):
 
 # The default (ChEES, automatic warmup) runs quick; MAMS (ChEES's block programs and automatic warmup) and a fixed
 # warmup in the slow suite.
-@pytest.mark.parametrize("kernel, warmup", [("chees", "auto"), pytest.param("mams", "auto", marks=pytest.mark.slow),
-                                            pytest.param("chees", 150, marks=pytest.mark.slow)])
-def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel, warmup):
+# A correlated target too: its cold phase turns dense midway (a metric from the whole ensemble's positions and
+# gradients, merged on the driver).
+CORRELATED = np.linalg.inv(np.array([[1.0, 0.95, 0.0], [0.95, 1.0, 0.0], [0.0, 0.0, 0.1]]))
+
+
+@pytest.mark.parametrize("kernel, warmup, correlated", [
+    ("chees", "auto", False), ("chees", "auto", True), pytest.param("mams", "auto", False, marks=pytest.mark.slow),
+    pytest.param("chees", 150, False, marks=pytest.mark.slow)])
+def test_bitwise_identical_on_one_and_two_workers(client1, client2, kernel, warmup, correlated):
     kw = dict(init={"x": jnp.zeros(3)}, chains=64, draws=120, warmup=warmup, seed=5, chains_per_task=16,
               progress=False, kernel=kernel)
-    logdensity = lambda p: -0.5 * jnp.sum((p["x"] - 1.0) ** 2 * jnp.array([1.0, 4.0, 9.0]))
+    if correlated:
+        logdensity = lambda p: -0.5 * (p["x"] - 1.0) @ jnp.asarray(CORRELATED, p["x"].dtype) @ (p["x"] - 1.0)
+    else:
+        logdensity = lambda p: -0.5 * jnp.sum((p["x"] - 1.0) ** 2 * jnp.array([1.0, 4.0, 9.0]))
     one = dhmc.sample(logdensity, cluster=client1, **kw)
     two = dhmc.sample(logdensity, cluster=client2, **kw)
+    cold = [r for r in json.loads(one["posterior"].attrs["dhmc_warmup"]) if r.get("phase") == "cold"]
+    assert bool(cold) is (warmup == "auto") and any(r["dense"] for r in cold) is correlated
     for group in ("posterior", "sample_stats"):
         for name in one[group].data_vars:
             assert np.array_equal(one[group][name].values, two[group][name].values), (group, name)

@@ -13,10 +13,11 @@ as the ensemble approaches equipartition:
     EEVPD = Var(dE) / d,    wanted = C * D^(3/8),    D = mean_i (1 - Cov(x_i, -g_i))^2,
     eps <- eps * clip((wanted / EEVPD)^(1/6), 0.3, 3)   (halved when a chain's step was not finite)
 
-and ``L = alpha sqrt(sum_i Var y_i)`` in the metric's whitened units ``y``. A step that is not finite
-is undone. The metric (diagonal) is fixed within a block; the driver re-estimates it between blocks
-from the whole ensemble's positions and gradients (:mod:`dhmc.core.adaptation.fisher`). The bias of
-the unadjusted dynamics does not reach the draws: the Metropolis-adjusted warmup follows.
+and ``L = alpha sqrt(sum_i Var y_i)``, both in the metric's whitened coordinates ``y`` (``Cov(y_i, -dlogp/dy_i)`` is
+1 at stationarity in any linear coordinates). A step that is not finite is undone. The metric, diagonal or dense, is
+fixed within a block; the driver re-estimates it between blocks from the whole ensemble's positions and gradients
+(:mod:`dhmc.distributed.cold_rounds`). The bias of the unadjusted dynamics does not reach the draws: the
+Metropolis-adjusted warmup follows.
 
 Each chain's randomness is ``fold_in(fold_in(chain key, COLD_STREAM), iteration)``, apart from the
 adjusted kernels' iterations; every ensemble statistic is over the block's chains in a fixed order, so
@@ -25,6 +26,7 @@ a block's result depends on its chains and the seed only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -45,10 +47,10 @@ MAX_FACTOR = 3.0  # the step size changes by at most this factor per gradient, e
 
 
 class ColdParams(NamedTuple):
-    """A cold block's inputs shared by its chains: the step size (whitened units) and the diagonal metric."""
+    """A cold block's inputs shared by its chains: the step size (whitened units) and the metric."""
 
     step_size: Array
-    inverse_mass_matrix: Array  # (d,): variances; the metric's whitened coordinates are x / sqrt(.)
+    inverse_mass_matrix: Array  # (d,) variances, or (d, d) = F F^T: the whitened coordinates are F^-1 x
 
 
 class ColdStats(NamedTuple):
@@ -61,6 +63,7 @@ class ColdStats(NamedTuple):
     logdensity: Array  # (chains,): each chain's log density at its end (-inf: its steps mostly failed)
     nans: Array  # steps undone (not finite), all chains
     grad_evals: Array  # gradients of all chains, the block's start included
+    gradient: Array  # (chains, d): each chain's gradient at its end (the driver's dense metric needs them)
 
 
 class _Chain(NamedTuple):
@@ -74,13 +77,31 @@ def _unit(v: Array) -> Array:
     return v / jnp.sqrt(jnp.sum(v**2, axis=-1, keepdims=True))
 
 
-def _step(logdensity_fn, chain: _Chain, step_size, scale):
+class _Metric(NamedTuple):
+    """The metric's whitened coordinates ``y = F^-1 x`` (``M^-1 = F F^T``), for rows of positions ``x``: ``whiten``
+    maps positions to ``y``, ``grad`` gradients to ``y``'s (``F^T g``), ``move`` a whitened move back (``F u``)."""
+
+    whiten: Callable[[Array], Array]
+    grad: Callable[[Array], Array]
+    move: Callable[[Array], Array]
+
+
+def _metric(inverse_mass_matrix: Array) -> _Metric:
+    if inverse_mass_matrix.ndim == 1:
+        scale = jnp.sqrt(inverse_mass_matrix)
+        return _Metric(lambda x: x / scale, lambda g: scale * g, lambda u: scale * u)
+    factor = jnp.linalg.cholesky(inverse_mass_matrix)
+    return _Metric(lambda x: jax.scipy.linalg.solve_triangular(factor, x.T, lower=True).T,
+                   lambda g: g @ factor, lambda u: u @ factor.T)
+
+
+def _step(logdensity_fn, chain: _Chain, step_size, metric):
     """One isokinetic velocity-Verlet step (MAMS's, :mod:`dhmc.core.mams`); returns the chain and its energy error."""
     half = 0.5 * step_size
-    u, k1 = velocity_update(chain.velocity, scale * chain.logdensity_grad, half)
-    x = chain.position + step_size * scale * u
+    u, k1 = velocity_update(chain.velocity, metric.grad(chain.logdensity_grad), half)
+    x = chain.position + step_size * metric.move(u)
     logdensity, grad = jax.value_and_grad(logdensity_fn)(x)
-    u, k2 = velocity_update(u, scale * grad, half)
+    u, k2 = velocity_update(u, metric.grad(grad), half)
     return _Chain(x, u, logdensity, grad), chain.logdensity - logdensity + k1 + k2
 
 
@@ -96,12 +117,13 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
     def run(keys, positions, params: ColdParams, first_iteration, num_iterations):
         chains, dim = positions.shape
         dtype = positions.dtype
-        scale = jnp.sqrt(params.inverse_mass_matrix.astype(dtype))
+        metric = _metric(params.inverse_mass_matrix.astype(dtype))
         keys = jax.vmap(lambda k: jax.random.fold_in(k, COLD_STREAM))(keys)
         logdensity, grad = jax.vmap(jax.value_and_grad(logdensity_fn))(positions)
-        start = cross_moments(positions, grad)
+        whitened = metric.grad(grad)
+        start = cross_moments(metric.whiten(positions), whitened)
         wide = jnp.where(-start.m_xg / jnp.maximum(start.count - 1, 1) >= 1.0, 1.0, -1.0)
-        direction = jnp.where(jnp.isfinite(grad), wide * scale * grad, 0.0)
+        direction = jnp.where(jnp.isfinite(whitened), wide * whitened, 0.0)
         size = jnp.sqrt(jnp.sum(direction**2, axis=1, keepdims=True))
         anywhere = jax.vmap(lambda k: transition_noise(jax.random.fold_in(k, START_NOISE), positions[0])[0])(keys)
         velocity = jnp.where(size > 0, direction / jnp.where(size > 0, size, 1.0), _unit(anywhere))  # no gradient:
@@ -111,9 +133,9 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
 
         def body(i, carry):
             chain, eps, _, nans, fails = carry
-            x = chain.position / scale
+            x = metric.whiten(chain.position)
             length = alpha * jnp.sqrt(jnp.sum(jnp.var(x, axis=0)))
-            new, d_energy = jax.vmap(lambda c: _step(logdensity_fn, c, eps, scale))(chain)
+            new, d_energy = jax.vmap(lambda c: _step(logdensity_fn, c, eps, metric))(chain)
             ok = (jnp.isfinite(new.logdensity) & jnp.isfinite(d_energy) & jnp.all(jnp.isfinite(new.position), 1)
                   & jnp.all(jnp.isfinite(new.logdensity_grad), 1) & jnp.all(jnp.isfinite(new.velocity), 1))
             new = jax.tree.map(lambda a, b: jnp.where(ok.reshape(-1, *([1] * (a.ndim - 1))), a, b), new, chain)
@@ -125,7 +147,7 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
             d_energy = jnp.where(ok, d_energy, 0.0)
             mean_de = jnp.sum(d_energy) / n_ok
             eevpd = jnp.sum(good * (d_energy - mean_de) ** 2) / n_ok / dims
-            bias = equipartition(cross_moments(new.position, new.logdensity_grad, good))
+            bias = equipartition(cross_moments(metric.whiten(new.position), metric.grad(new.logdensity_grad), good))
             wanted = bias_scale * bias ** (3.0 / 8.0)
             factor = jnp.clip((wanted / jnp.maximum(eevpd, jnp.finfo(dtype).tiny)) ** (1.0 / 6.0),
                               1.0 / MAX_FACTOR, MAX_FACTOR)
@@ -141,7 +163,7 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
         # the driver reseats it (dhmc.distributed.cold_rounds.reseat_strays)
         stuck = 2 * fails > num_iterations
         stats = ColdStats(eps, cross_moments(chain.position, chain.logdensity_grad), eevpd,
-                          jnp.where(stuck, -jnp.inf, chain.logdensity), nans, grads)
+                          jnp.where(stuck, -jnp.inf, chain.logdensity), nans, grads, chain.logdensity_grad)
         return chain.position, stats
 
     return run

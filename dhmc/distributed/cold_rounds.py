@@ -2,16 +2,18 @@
 chains, when it ends, and the metric the adjusted phase starts in.
 
 Cold rounds (:mod:`dhmc.core.cold`) run unadjusted isokinetic steps, one gradient an iteration, whose step size
-every block re-estimates after every gradient from its chains' energy errors against an equipartition bias
-budget. Round 0 runs no step: it measures the start's positions and gradients. After each round the driver
-merges every block's moments of positions and gradients in chain order and sets the next round's diagonal
-metric to ``sqrt(Var x / Var g)`` (exact for Gaussian coordinates whatever the ensemble's spread:
-:mod:`dhmc.core.adaptation.fisher`) and its step size to the blocks' (carried into the new metric so that no
-coordinate's step grows). The phase ends at the second round in a row of :data:`COLD_ROUND` gradients whose
+every block re-estimates after every gradient from its chains' energy errors against an equipartition bias budget.
+Round 0 runs no step: it measures the start's positions and gradients. After each round the driver merges every
+block's moments of positions and gradients in chain order and sets the next round's metric and step size. The metric
+is diagonal, ``sqrt(Var x / Var g)`` (exact for Gaussian coordinates whatever the ensemble's spread:
+:mod:`dhmc.core.adaptation.fisher`), until the ensemble is correlated enough for a dense one to pay
+(:func:`wants_dense`, for ``dense_mass=None``; ``dense_mass=True``: from the first step), and from then on dense:
+the geometric mean of ``Cov x`` and ``Cov(g)^-1`` (:func:`dense_metric`, exact for any Gaussian whatever the
+ensemble's spread and orientation). The step size is the blocks', carried into the new metric so that no direction's
+step grows (:func:`carried_step`). The phase ends at the second round in a row of :data:`COLD_ROUND` gradients whose
 ensemble means and log variances agree with the previous round's and whose chains' own changes average to 0
-(:mod:`dhmc.distributed.stopping`), or after :data:`MAX_COLD` gradients. Between cold rounds, chains stuck far
-below the ensemble's log density (a local mode of negligible mass) are reseated onto others
-(:func:`reseat_strays`).
+(:mod:`dhmc.distributed.stopping`), or after :data:`MAX_COLD` gradients. Between cold rounds, chains stuck far below
+the ensemble's log density (a local mode of negligible mass) are reseated onto others (:func:`reseat_strays`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ DENSE_NOISE_MARGIN = 3.0  # condition number, and this many times an uncorrelate
 # (noise_condition) ...
 DENSE_CHAINS_PER_DIM = 2  # ... and the ensemble has this many chains per dimension to estimate it
 DENSE_MAX_DIM = 1000  # ... and the dimension is at most this (a dense step costs d^2)
+ESTIMATE_CHAINS = 8192  # a dense metric, and whether one pays, from at most this many chains (evenly spaced)
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,77 @@ def cold_metric(moments: fisher.CrossMoments) -> np.ndarray:
     return np.where(np.isfinite(var) & (var > 0), np.clip(var, 1e-12, 1e12), 1.0)
 
 
+def estimate_rows(chains: int) -> slice:
+    """The chains a dense estimate counts: all, or every ``k``-th for at most :data:`ESTIMATE_CHAINS`."""
+    k = -(-chains // ESTIMATE_CHAINS)
+    return slice(0, chains, k)
+
+
+def _power(a: np.ndarray, p: float) -> np.ndarray:
+    """``a^p`` of a symmetric positive semi-definite matrix, its eigenvalues floored at ``1e-12`` of the largest."""
+    w, v = np.linalg.eigh(a)
+    w = np.maximum(w, 1e-12 * max(float(w[-1]), 0.0) or 1e-300)
+    return (v * w**p) @ v.T
+
+
+def dense_metric(positions: np.ndarray, gradients: np.ndarray) -> np.ndarray | None:
+    """The dense counterpart of ``sqrt(Var x / Var g)``: the geometric mean ``A # B^-1 = A^1/2 (A^1/2 B A^1/2)^-1/2
+    A^1/2`` of the ensemble's ``A = Cov x`` and ``B = Cov g`` (the metric ``M^-1`` with ``M^-1 B M^-1 = A``).
+
+    For a Gaussian of precision ``P`` the gradients are ``-P (x - mu)``, so ``B = P A P`` over any ensemble and the
+    mean is ``P^-1`` exactly, whatever the ensemble's spread and orientation (:func:`cold_metric` is exact only for
+    uncorrelated coordinates; the ensemble's own covariance only once it has reached the posterior). Chains with a
+    position or gradient that is not finite are left out; None when what is left gives no positive-definite
+    metric (fewer chains than dimensions, a flat direction).
+    """
+    x, g = np.asarray(positions, np.float64), np.asarray(gradients, np.float64)
+    finite = np.all(np.isfinite(x), axis=1) & np.all(np.isfinite(g), axis=1)
+    x, g = x[finite], g[finite]
+    if x.shape[0] <= x.shape[1]:
+        return None
+    a, b = np.cov(x, rowvar=False), np.cov(g, rowvar=False)
+    # in the diagonal Fisher metric's units first: the powers below see the correlations, not the scales (the
+    # matrix A^1/2 B A^1/2 has the square of the condition number of the metric in A's units)
+    scale = np.sqrt(np.sqrt(np.diag(a) / np.diag(b)))
+    if not np.all(np.isfinite(scale) & (scale > 0)):
+        return None
+    a, b = a / np.outer(scale, scale), b * np.outer(scale, scale)
+    root = _power(a, 0.5)
+    metric = root @ _power(root @ b @ root, -0.5) @ root
+    metric = 0.5 * (metric + metric.T) * np.outer(scale, scale)
+    try:
+        np.linalg.cholesky(metric)
+    except np.linalg.LinAlgError:
+        return None
+    return metric if np.all(np.isfinite(metric)) else None
+
+
+def carried_step(step_size: float, old: np.ndarray, new: np.ndarray) -> float:
+    """A whitened step size moved from metric ``old`` to ``new`` (each ``(d,)`` or ``(d, d)``) so that no direction's
+    step grows: times the square root of the least eigenvalue of ``new^-1 old``."""
+    if old.ndim == 1 and new.ndim == 1:
+        return step_size * math.sqrt(float(np.min(old / new)))
+    full = lambda m: np.diag(m) if m.ndim == 1 else m
+    factor = np.linalg.cholesky(full(new))
+    whitened = np.linalg.solve(factor, np.linalg.solve(factor, full(old)).T)
+    return step_size * math.sqrt(max(float(np.linalg.eigvalsh(0.5 * (whitened + whitened.T))[0]), 0.0))
+
+
 def drift(current: fisher.CrossMoments, previous: fisher.CrossMoments, chains: int) -> tuple[float, float]:
     """:func:`moment_drift` between two cold ensembles' positions."""
     return moment_drift(current.mean_x, fisher.variances(current, xp=np)[0], previous.mean_x,
                         fisher.variances(previous, xp=np)[0], chains)
+
+
+def stray_chains(logdensity: np.ndarray) -> np.ndarray:
+    """Which chains :func:`reseat_strays` moves: a log density that is not finite, or :data:`STRAY_IQRS`
+    interquartile ranges plus :data:`STRAY_NATS` below the median (none when no chain's is finite)."""
+    lp = np.asarray(logdensity, np.float64)
+    finite = np.isfinite(lp)
+    if not finite.any():
+        return np.zeros(lp.shape, bool)
+    q1, median, q3 = np.percentile(lp[finite], [25, 50, 75])
+    return ~finite | (lp < median - STRAY_IQRS * (q3 - q1) - STRAY_NATS)
 
 
 def reseat_strays(positions: np.ndarray, logdensity: np.ndarray) -> tuple[np.ndarray, int]:
@@ -87,12 +157,7 @@ def reseat_strays(positions: np.ndarray, logdensity: np.ndarray) -> tuple[np.nda
     next chain (in chain order, cyclically) that is not stray: a deterministic function of the merged ensemble,
     during the burn-in only, whose draws are never kept.
     """
-    lp = np.asarray(logdensity, np.float64)
-    finite = np.isfinite(lp)
-    if not finite.any():
-        return positions, 0
-    q1, median, q3 = np.percentile(lp[finite], [25, 50, 75])
-    stray = ~finite | (lp < median - STRAY_IQRS * (q3 - q1) - STRAY_NATS)
+    stray = stray_chains(logdensity)
     if not stray.any() or stray.all():
         return positions, 0
     keep = np.flatnonzero(~stray)
@@ -128,10 +193,10 @@ def wants_dense(positions: np.ndarray) -> bool:
     where the diagonal took 5,400. The Brownian motion written non-centred (32 dimensions) took 3,076 with a
     dense metric and 16,818 with the diagonal one that 10 times the noise condition chose (``benchmarks/README.md``).
     """
-    chains, dim = positions.shape
+    x = np.asarray(positions[estimate_rows(positions.shape[0])], np.float64)
+    chains, dim = x.shape
     if dim < 2 or dim > DENSE_MAX_DIM or chains < DENSE_CHAINS_PER_DIM * dim:
         return False
-    x = np.asarray(positions, np.float64)
     sd = x.std(axis=0)
     if not np.all(np.isfinite(sd) & (sd > 0)):
         return False
@@ -144,9 +209,12 @@ class ColdPhase:
     """The cold phase's state across its rounds: :meth:`next` gives the next round's ``(first, iterations, params)``,
     :meth:`update` takes its merged block statistics; :attr:`done` once it has ended."""
 
-    def __init__(self, chains: int, dim: int, dtype):
+    def __init__(self, chains: int, dim: int, dtype, dense: bool | None = None):
         self.chains, self.dim, self.dtype = chains, dim, np.dtype(dtype)
-        self.params = {"step_size": np.asarray(-1.0, self.dtype), "inverse_mass_matrix": np.ones(dim, self.dtype)}
+        self.choose = dense is None  # dense_mass=None: dense from the first round whose end wants it (then kept)
+        self.dense = bool(dense)  # whether the metric is dense (dense_mass=True: from the first step)
+        metric = np.eye(dim, dtype=self.dtype) if self.dense else np.ones(dim, self.dtype)
+        self.params = {"step_size": np.asarray(-1.0, self.dtype), "inverse_mass_matrix": metric}
         self.grads, self.first, self.previous, self.passes, self.done = 0, 0, None, 0, False
 
     def next(self) -> tuple[int, int, dict]:
@@ -158,16 +226,18 @@ class ColdPhase:
         """Take a finished round (run with ``params``); return its record and the positions the next round starts
         from (``end``, its stray chains reseated)."""
         current = merge_cold(stats, weights)
-        end, reseated = reseat_strays(end, np.concatenate([np.asarray(s["logdensity"]) for s in stats]))
+        logdensity = np.concatenate([np.asarray(s["logdensity"]) for s in stats])
+        metric = self._metric(current.moments, end, stats, logdensity)
+        end, reseated = reseat_strays(end, logdensity)
         self.grads += current.grad_evals // self.chains
         self.first += iterations
-        metric = cold_metric(current.moments)
         old = np.asarray(params["inverse_mass_matrix"], np.float64)
         if iterations == 0 or not current.step_size > 0:  # the start (measured), or a step gone to 0
             eps = COLD_START_STEP * math.sqrt(self.dim)
-        else:  # the blocks' step, carried so that no coordinate's step grows in the new metric
-            eps = current.step_size * float(np.min(np.sqrt(old / metric)))
+        else:  # the blocks' step, carried so that no direction's step grows in the new metric
+            eps = carried_step(current.step_size, old, metric)
         record = {"phase": "cold", "round": index, "iterations": iterations, "step_size": eps,
+                  "dense": metric.ndim == 2,
                   "equipartition": float(fisher.equipartition(current.moments, xp=np)),
                   "energy_variance": current.energy_variance, "nans": current.nans, "reseated": reseated,
                   "grad_evals": current.grad_evals}
@@ -185,6 +255,22 @@ class ColdPhase:
         self.done = self.passes >= 2 or self.grads >= MAX_COLD
         return record, end
 
+    def _metric(self, moments: fisher.CrossMoments, end: np.ndarray, stats: list[dict],
+                logdensity: np.ndarray) -> np.ndarray:
+        """The next round's metric: :func:`dense_metric` of the round's end (its stray chains left out) once
+        :attr:`dense`, else (or where the ensemble gives no dense one) :func:`cold_metric`."""
+        if self.choose and not self.dense:
+            self.dense = wants_dense(end)
+        if self.dense:
+            kept = np.flatnonzero(~stray_chains(logdensity))
+            rows = kept[estimate_rows(len(kept))]
+            gradients = np.concatenate([np.asarray(s["gradient"]) for s in stats])
+            metric = dense_metric(end[rows], gradients[rows])
+            if metric is not None:
+                return metric
+        return cold_metric(moments)
 
-__all__ = ["COLD_ROUND", "MAX_COLD", "ColdPhase", "ColdRound", "cold_applies", "cold_metric", "drift", "merge_cold",
-           "noise_condition", "reseat_strays", "wants_dense"]
+
+__all__ = ["COLD_ROUND", "MAX_COLD", "ColdPhase", "ColdRound", "carried_step", "cold_applies", "cold_metric",
+           "dense_metric", "drift", "estimate_rows", "merge_cold", "noise_condition", "reseat_strays", "stray_chains",
+           "wants_dense"]

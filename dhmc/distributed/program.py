@@ -92,10 +92,11 @@ def predictive_keys(seed, chains, first, draws: int, thinning: int):
 def program_args(phase: str, chains: int, dim: int, dtype, dense_mass: bool) -> BlockInputs:
     """Abstract :class:`BlockInputs` of a block program, for compiling before any data exists."""
     s = jax.ShapeDtypeStruct
-    if phase == "cold":  # always a diagonal metric
-        params = ColdParams(s((), dtype), s((dim,), dtype))
+    metric = s((dim, dim) if dense_mass else (dim,), dtype)
+    if phase == "cold":
+        params = ColdParams(s((), dtype), metric)
     else:
-        params = Params(s((), dtype), s((dim, dim) if dense_mass else (dim,), dtype), s((), dtype))
+        params = Params(s((), dtype), metric, s((), dtype))
     flag = s((), jnp.bool_)
     return BlockInputs(s((), jnp.uint32), s((chains,), jnp.uint32), s((chains, dim), dtype), params,
                        s((), jnp.int32), s((), jnp.int32), flag, flag, flag)

@@ -86,15 +86,16 @@ class Runner:
     # -- submission and waiting ---------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
         chains = self.spec.geometry.chunk(chunk)
+        dense = np.ndim(params["inverse_mass_matrix"]) == 2  # a cold phase's metric may turn dense mid-phase
         return Job(run_id=self.run_id, model_token=self.token, model_blob=self.blob, x64=self.spec.x64,
                    config=self.spec.kernel_config(phase), seed=self.spec.seed, phase=phase, chain_start=chains.start,
                    chain_stop=chains.stop, first_iteration=first, num_iterations=n, positions=positions, params=params,
-                   executable=self._executable(phase, len(chains)), **kw)
+                   executable=self._executable(phase, len(chains), dense), **kw)
 
-    def _executable(self, phase: str, chains: int) -> str | None:
+    def _executable(self, phase: str, chains: int, dense: bool) -> str | None:
         future = self.executables.get(phase)
         # compiled before warmup chose the metric (dense_mass=None compiles for the diagonal one)
-        if future is None or chains != self.spec.chains_per_task or bool(self.spec.dense_mass) != self.compiled_dense:
+        if future is None or chains != self.spec.chains_per_task or dense != self.compiled_dense:
             return None
         try:
             return future.result()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dhmc.core.adaptation.welford import WelfordState, welford
-from dhmc.distributed.cold_rounds import ColdPhase, cold_applies, wants_dense
+from dhmc.distributed.cold_rounds import ColdPhase, cold_applies
 from dhmc.distributed.stopping import MAX_STEP_CHANGE, STEP_CHANGE_ITERATIONS, converged
 
 AUTO_ROUND = 25  # iterations per round of warmup="auto"
@@ -155,9 +155,9 @@ class Policy:
     params
         The starting parameters (:func:`dhmc.distributed.runner.initial_params`, or adapted ones).
     auto, adapt, dense, cold
-        ``warmup="auto"``; adaptation; a dense metric (None: :func:`wants_dense` decides after the cold phase,
-        read it back from :attr:`dense`); a cold phase first (``auto`` and ``adapt`` only, where
-        :func:`cold_applies`).
+        ``warmup="auto"``; adaptation; a dense metric (None: the cold phase decides,
+        :func:`~dhmc.distributed.cold_rounds.wants_dense`; read it back from :attr:`dense`); a cold phase first
+        (``auto`` and ``adapt`` only, where :func:`cold_applies`).
     chains, dim, dtype
         The ensemble's size, the dimension and the positions' dtype.
     restore_length
@@ -168,7 +168,8 @@ class Policy:
                  chains: int, dim: int, dtype, restore_length=None):
         self.rounds, self.params, self.auto, self.adapt, self.dense = list(rounds), dict(params), auto, adapt, dense
         self.chains, self.dim, self.dtype = chains, dim, np.dtype(dtype)
-        self.cold = ColdPhase(chains, dim, dtype) if cold and auto and adapt and cold_applies(chains, dim) else None
+        self.cold = ColdPhase(chains, dim, dtype, dense) if cold and auto and adapt and cold_applies(chains, dim) \
+            else None
         if dense is None and self.cold is None:  # dhmc chooses at the cold phase's end; without one, diagonal
             self.dense = False
         self.restore_length = restore_length
@@ -208,21 +209,22 @@ class Policy:
                      end: np.ndarray) -> tuple[dict, np.ndarray]:
         record, end = self.cold.update(step.index, step.iterations, step.params, stats, weights, start, end)
         if self.cold.done:
-            self.cold = None
-            self._hand_over(end)
+            dense, self.cold = self.cold.dense, None
+            self._hand_over(end, dense)
         return record, end
 
-    def _hand_over(self, end: np.ndarray) -> None:
-        """The adjusted phase starts in the (co)variance of the cold phase's end positions (dense when
-        :func:`wants_dense` says so and the user left ``dense_mass`` to dhmc), its step size searched, its
-        trajectory :data:`START_LENGTH` sds of the ensemble's widest whitened direction.
+    def _hand_over(self, end: np.ndarray, dense: bool) -> None:
+        """The adjusted phase starts in the (co)variance of the cold phase's end positions (dense where the cold
+        phase's metric was: for a ``dense_mass`` left to dhmc, :func:`~dhmc.distributed.cold_rounds.wants_dense`
+        chose it), its step size searched, its trajectory :data:`START_LENGTH` sds of the ensemble's widest whitened
+        direction.
 
         Not the cold phase's own ``sqrt(Var x / Var g)``: once the ensemble has reached the typical set its
         spread is the posterior's, and for correlated coordinates the gradient's metric is narrower than their
         marginals (kidiq's adjusted phase started at a step of 0.27 in it, 0.9 in the positions' variance).
         """
         if self.dense is None:
-            self.dense = wants_dense(end)
+            self.dense = dense
         end = np.asarray(end, np.float64)
         wf = welford(bool(self.dense), xp=np)
         inverse_mass = wf.final(wf.update(wf.init(self.dim, np.float64), end))

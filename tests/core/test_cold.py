@@ -99,3 +99,37 @@ def test_a_block_of_one_chain_keeps_its_step_and_a_chain_without_gradient_still_
     params = ColdParams(jnp.float32(0.1), jnp.asarray(SDS**2, jnp.float32))
     moved, stats = _RUN(keys, jnp.asarray(at_mode), params, jnp.int32(0), jnp.int32(5))
     assert int(stats.nans) == 0 and not np.allclose(np.asarray(moved), at_mode)
+
+
+def test_a_dense_metric_that_is_diagonal_runs_as_the_diagonal_one():
+    x0 = np.float32(MEAN + np.random.default_rng(5).uniform(-0.5, 0.5, (512, 4)) * SDS)
+    keys = chain_keys(0, jnp.arange(512, dtype=jnp.uint32))
+    diagonal = ColdParams(jnp.float32(0.3), jnp.asarray(SDS**2, jnp.float32))
+    dense = ColdParams(jnp.float32(0.3), jnp.asarray(np.diag(SDS**2), jnp.float32))
+    end, stats = _RUN(keys, jnp.asarray(x0), diagonal, jnp.int32(0), jnp.int32(20))
+    again, dense_stats = jax.jit(cold_chunk(_gaussian))(keys, jnp.asarray(x0), dense, jnp.int32(0), jnp.int32(20))
+    # the same steps but for float32 rounding (a triangular solve for a division), which 20 steps amplify a little
+    np.testing.assert_allclose((np.asarray(again) - np.asarray(end)) / SDS, 0.0, atol=1e-3)
+    np.testing.assert_allclose(float(dense_stats.step_size), float(stats.step_size), rtol=1e-3)
+
+
+ROTATED = np.linalg.qr(np.random.default_rng(6).normal(size=(4, 4)))[0]
+COVARIANCE = (ROTATED * np.array([1e-4, 1e-2, 1.0, 1e2])) @ ROTATED.T  # condition number 1e6, rotated
+
+
+def _rotated(x):
+    return -0.5 * x @ jnp.asarray(np.linalg.inv(COVARIANCE), x.dtype) @ x
+
+
+def test_a_dense_cold_block_brings_a_rotated_ensemble_to_its_typical_set():
+    """In the posterior's own covariance as metric, chains started 30 sds out along the narrowest direction reach
+    the rotated Gaussian's covariance, which the diagonal metric's whitening would leave at condition 1e6."""
+    rng = np.random.default_rng(7)
+    x0 = np.float32(30 * 1e-2 * ROTATED[:, 0] + rng.uniform(-0.01, 0.01, (512, 4)))
+    keys = chain_keys(0, jnp.arange(512, dtype=jnp.uint32))
+    params = ColdParams(jnp.float32(0.1), jnp.asarray(COVARIANCE, jnp.float32))
+    end, stats = jax.jit(cold_chunk(_rotated))(keys, jnp.asarray(x0), params, jnp.int32(0), jnp.int32(100))
+    assert int(stats.nans) == 0
+    whitened = np.asarray(end, np.float64) @ np.linalg.inv(np.linalg.cholesky(COVARIANCE)).T
+    np.testing.assert_array_less(np.abs(whitened.mean(0)), 0.3)
+    np.testing.assert_allclose(np.cov(whitened, rowvar=False), np.eye(4), atol=0.3)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
+from dhmc.core.adaptation import fisher
 from dhmc.distributed import cold_rounds
 
 DIM, CHAINS = 3, 512
@@ -76,3 +78,53 @@ def test_one_dimension_or_a_handful_of_chains_has_no_cold_phase():
     """Isokinetic dynamics need a velocity on a sphere of two dimensions or more; the metric and step an ensemble."""
     assert not cold_rounds.cold_applies(1024, 1) and not cold_rounds.cold_applies(4, 10)
     assert cold_rounds.cold_applies(8, 2)
+
+
+def _precision(dim: int, seed: int) -> np.ndarray:
+    """A rotated Gaussian's precision, its variances spread over four orders of magnitude."""
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.normal(size=(dim, dim)))
+    return (q / np.logspace(-2, 2, dim)) @ q.T
+
+
+def test_the_dense_metric_is_a_gaussians_covariance_whatever_the_ensemble():
+    """Chains 100 times too wide, 10 times less so along one direction, and off-centre: the geometric mean of Cov x
+    and Cov(g)^-1 is the posterior covariance to rounding, where the diagonal Fisher metric and Cov x are far off.
+    (Its bound: a product of the ensemble's and the posterior's condition numbers near 1e8, whose square float64's
+    ``Cov g`` cannot hold; a cold ensemble relaxes towards the posterior, which brings the product towards 1.)"""
+    dim = 6
+    precision, mu = _precision(dim, 0), np.arange(dim, dtype=float)
+    rng = np.random.default_rng(1)
+    x = mu + 3.0 + 100.0 * rng.normal(size=(64, dim)) * np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.1])
+    g = -(x - mu) @ precision
+    covariance = np.linalg.inv(precision)
+    np.testing.assert_allclose(cold_rounds.dense_metric(x, g), covariance, rtol=1e-6, atol=1e-9 * covariance.max())
+    moments = fisher.cross_moments(x, g, xp=np)
+    assert not np.allclose(cold_rounds.cold_metric(moments), np.diag(covariance), rtol=0.5)
+    assert not np.allclose(np.cov(x, rowvar=False), covariance, rtol=0.5)
+
+
+def test_the_dense_metric_leaves_out_chains_that_are_not_finite_and_needs_more_chains_than_dimensions():
+    dim = 4
+    precision = _precision(dim, 2)
+    x = np.random.default_rng(3).normal(size=(40, dim))
+    g = -x @ precision
+    g[5, 2], x[7, 0] = np.nan, np.inf
+    np.testing.assert_allclose(cold_rounds.dense_metric(x, g), np.linalg.inv(precision), rtol=1e-6)
+    assert cold_rounds.dense_metric(x[:dim], g[:dim]) is None
+
+
+def test_a_carried_step_never_grows_in_any_direction():
+    """Diagonal to diagonal: the least ratio of the coordinates' variances; into a dense metric: the least
+    generalised eigenvalue, so a step along the new metric's narrowest direction is no longer than before."""
+    assert cold_rounds.carried_step(1.0, np.array([4.0, 1.0]), np.array([1.0, 4.0])) == math.sqrt(0.25)
+    new = np.array([[2.0, 1.9], [1.9, 2.0]])  # variances 3.9 and 0.1 along the diagonals
+    step = cold_rounds.carried_step(1.0, np.ones(2), new)
+    np.testing.assert_allclose(step, math.sqrt(1 / 3.9))
+    assert cold_rounds.carried_step(1.0, new, new) == pytest.approx(1.0)
+
+
+def test_dense_estimates_count_evenly_spaced_chains_up_to_a_bound():
+    assert cold_rounds.estimate_rows(1000) == slice(0, 1000, 1)
+    rows = range(3 * cold_rounds.ESTIMATE_CHAINS + 5)[cold_rounds.estimate_rows(3 * cold_rounds.ESTIMATE_CHAINS + 5)]
+    assert len(rows) <= cold_rounds.ESTIMATE_CHAINS and rows.step == 4

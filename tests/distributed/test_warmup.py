@@ -30,14 +30,19 @@ def _draws(seed: int, corr: float = 0.0, shift: float = 0.0) -> np.ndarray:
     return (z + shift) * SDS
 
 
-def _cold_stats(x: np.ndarray, step: float) -> list[dict]:
-    """Two blocks' ColdStats of a Gaussian of sds SDS (gradient -x / sd^2), as a worker returns them."""
+def _cold_stats(x: np.ndarray, step: float, corr: float = 0.0) -> list[dict]:
+    """Two blocks' ColdStats of the Gaussian :func:`_draws` draws from (gradient ``-P x``, ``P`` its precision), as a
+    worker returns them."""
+    correlation = np.eye(DIM)
+    correlation[0, 1] = correlation[1, 0] = corr
+    precision = np.linalg.inv(SDS[:, None] * correlation * SDS)
     out = []
     for part in (x[: CHAINS // 2], x[CHAINS // 2:]):
-        m = fisher.cross_moments(part, -part / SDS**2, xp=np)
-        lp = -0.5 * np.sum((part / SDS) ** 2, axis=1)
+        g = -part @ precision
+        m = fisher.cross_moments(part, g, xp=np)
+        lp = -0.5 * np.sum(part * (part @ precision), axis=1)
         out.append({"step_size": step, "moments": m._asdict(), "energy_variance": 0.01, "nans": 0,
-                    "logdensity": lp, "grad_evals": len(part) * 21})
+                    "logdensity": lp, "grad_evals": len(part) * 21, "gradient": g})
     return out
 
 
@@ -53,12 +58,12 @@ def _adjusted_stats(x: np.ndarray, step: float, length: float) -> list[dict]:
     return out
 
 
-def _run(policy: warmup.Policy, draws, cold_shift=lambda r: 0.0) -> list[warmup.Step]:
+def _run(policy: warmup.Policy, draws, cold_shift=lambda r: 0.0, corr: float = 0.0) -> list[warmup.Step]:
     steps, positions, r = [], draws(0), 0
     while (step := policy.next()) is not None:
         steps.append(step)
         end = draws(r + 1) if step.phase == "warmup" else draws(r + 1) + cold_shift(r) * SDS
-        stats = (_cold_stats(end, 0.5) if step.phase == "cold"
+        stats = (_cold_stats(end, 0.5, corr) if step.phase == "cold"
                  else _adjusted_stats(end, 0.3, float(step.params["trajectory_length"])))
         policy.update(step, stats, np.array([CHAINS // 2, CHAINS // 2], float), positions, end)  # (record, start)
         positions, r = end, r + 1
@@ -94,12 +99,23 @@ def test_a_drifting_ensemble_stays_cold_until_the_cap():
 
 
 def test_dense_mass_none_chooses_a_dense_metric_for_a_correlated_ensemble_only():
+    """From the first cold round whose ensemble is correlated on: the cold rounds' metric, and the adjusted phase's."""
     for corr, dense in ((0.99, True), (0.0, False)):
         policy = _policy(dense=None)
-        steps = _run(policy, lambda s, c=corr: _draws(s, c))
+        steps = _run(policy, lambda s, c=corr: _draws(s, c), corr=corr)
         assert policy.dense is dense
+        cold = [s.params["inverse_mass_matrix"].shape for s in steps if s.phase == "cold"]
+        assert cold[0] == (DIM,) and set(cold[1:]) == {(DIM, DIM) if dense else (DIM,)}
         metric = steps[-1].params["inverse_mass_matrix"]
         assert metric.shape == ((DIM, DIM) if dense else (DIM,))
+
+
+def test_the_users_dense_mass_holds_through_the_cold_phase():
+    """``dense_mass=True``: dense from the first step, even for an uncorrelated ensemble; ``False``: never."""
+    for corr, dense in ((0.0, True), (0.99, False)):
+        steps = _run(_policy(dense=dense), lambda s, c=corr: _draws(s, c), corr=corr)
+        shape = (DIM, DIM) if dense else (DIM,)
+        assert {s.params["inverse_mass_matrix"].shape for s in steps} == {shape}
 
 
 def test_an_integer_warmup_has_no_cold_phase_and_runs_its_rounds():
