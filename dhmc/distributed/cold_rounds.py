@@ -81,8 +81,8 @@ def estimate_rows(chains: int) -> slice:
 def _power(a: np.ndarray, p: float) -> np.ndarray:
     """``a^p`` of a symmetric positive semi-definite matrix, its eigenvalues floored at ``1e-12`` of the largest."""
     w, v = np.linalg.eigh(a)
-    w = np.maximum(w, 1e-12 * max(float(w[-1]), 0.0) or 1e-300)
-    return (v * w**p) @ v.T
+    floor = max(1e-12 * float(w[-1]), np.finfo(np.float64).tiny)
+    return (v * np.maximum(w, floor) ** p) @ v.T
 
 
 def dense_metric(positions: np.ndarray, gradients: np.ndarray) -> np.ndarray | None:
@@ -227,6 +227,8 @@ class ColdPhase:
         from (``end``, its stray chains reseated)."""
         current = merge_cold(stats, weights)
         logdensity = np.concatenate([np.asarray(s["logdensity"]) for s in stats])
+        if self.choose and not self.dense:
+            self.dense = wants_dense(end)
         metric = self._metric(current.moments, end, stats, logdensity)
         end, reseated = reseat_strays(end, logdensity)
         self.grads += current.grad_evals // self.chains
@@ -259,8 +261,6 @@ class ColdPhase:
                 logdensity: np.ndarray) -> np.ndarray:
         """The next round's metric: :func:`dense_metric` of the round's end (its stray chains left out) once
         :attr:`dense`, else (or where the ensemble gives no dense one) :func:`cold_metric`."""
-        if self.choose and not self.dense:
-            self.dense = wants_dense(end)
         if self.dense:
             kept = np.flatnonzero(~stray_chains(logdensity))
             rows = kept[estimate_rows(len(kept))]

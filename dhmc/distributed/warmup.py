@@ -170,7 +170,7 @@ class Policy:
         self.chains, self.dim, self.dtype = chains, dim, np.dtype(dtype)
         self.cold = ColdPhase(chains, dim, dtype, dense) if cold and auto and adapt and cold_applies(chains, dim) \
             else None
-        if dense is None and self.cold is None:  # dhmc chooses at the cold phase's end; without one, diagonal
+        if dense is None and self.cold is None:  # dhmc chooses in the cold phase; without one, diagonal
             self.dense = False
         self.restore_length = restore_length
         self.round, self.first, self.previous, self.earlier, self.settled, self.done = 0, 0, None, None, False, False
