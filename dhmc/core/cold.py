@@ -26,14 +26,14 @@ a block's result depends on its chains and the seed only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from dhmc.core.adaptation.chees import whitener
 from dhmc.core.adaptation.fisher import CrossMoments, cross_moments, equipartition
-from dhmc.core.mams import velocity_update
+from dhmc.core.mams import preconditioner, velocity_update
 from dhmc.core.metropolis import transition_noise
 from dhmc.types import Array, LogDensityFn
 
@@ -71,38 +71,23 @@ class _Chain(NamedTuple):
     velocity: Array  # unit, in whitened coordinates
     logdensity: Array
     logdensity_grad: Array
+    whitened_grad: Array  # F^T g (M^-1 = F F^T): the velocity update's and the equipartition's gradient
 
 
 def _unit(v: Array) -> Array:
     return v / jnp.sqrt(jnp.sum(v**2, axis=-1, keepdims=True))
 
 
-class _Metric(NamedTuple):
-    """The metric's whitened coordinates ``y = F^-1 x`` (``M^-1 = F F^T``), for rows of positions ``x``: ``whiten``
-    maps positions to ``y``, ``grad`` gradients to ``y``'s (``F^T g``), ``move`` a whitened move back (``F u``)."""
-
-    whiten: Callable[[Array], Array]
-    grad: Callable[[Array], Array]
-    move: Callable[[Array], Array]
-
-
-def _metric(inverse_mass_matrix: Array) -> _Metric:
-    if inverse_mass_matrix.ndim == 1:
-        scale = jnp.sqrt(inverse_mass_matrix)
-        return _Metric(lambda x: x / scale, lambda g: scale * g, lambda u: scale * u)
-    factor = jnp.linalg.cholesky(inverse_mass_matrix)
-    return _Metric(lambda x: jax.scipy.linalg.solve_triangular(factor, x.T, lower=True).T,
-                   lambda g: g @ factor, lambda u: u @ factor.T)
-
-
-def _step(logdensity_fn, chain: _Chain, step_size, metric):
-    """One isokinetic velocity-Verlet step (MAMS's, :mod:`dhmc.core.mams`); returns the chain and its energy error."""
+def _step(logdensity_fn, chain: _Chain, step_size, to_x, to_y_grad):
+    """One isokinetic velocity-Verlet step (MAMS's, :mod:`dhmc.core.mams`, in its metric's
+    :func:`~dhmc.core.mams.preconditioner`); returns the chain and its energy error."""
     half = 0.5 * step_size
-    u, k1 = velocity_update(chain.velocity, metric.grad(chain.logdensity_grad), half)
-    x = chain.position + step_size * metric.move(u)
+    u, k1 = velocity_update(chain.velocity, chain.whitened_grad, half)
+    x = chain.position + step_size * to_x(u)
     logdensity, grad = jax.value_and_grad(logdensity_fn)(x)
-    u, k2 = velocity_update(u, metric.grad(grad), half)
-    return _Chain(x, u, logdensity, grad), chain.logdensity - logdensity + k1 + k2
+    whitened = to_y_grad(grad)
+    u, k2 = velocity_update(u, whitened, half)
+    return _Chain(x, u, logdensity, grad, whitened), chain.logdensity - logdensity + k1 + k2
 
 
 def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: float = BIAS_SCALE):
@@ -117,29 +102,31 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
     def run(keys, positions, params: ColdParams, first_iteration, num_iterations):
         chains, dim = positions.shape
         dtype = positions.dtype
-        metric = _metric(params.inverse_mass_matrix.astype(dtype))
+        metric = params.inverse_mass_matrix.astype(dtype)
+        to_x, to_y_grad = preconditioner(metric)
+        whiten = whitener(metric)  # positions, batched over chains
         keys = jax.vmap(lambda k: jax.random.fold_in(k, COLD_STREAM))(keys)
         logdensity, grad = jax.vmap(jax.value_and_grad(logdensity_fn))(positions)
-        whitened = metric.grad(grad)
-        start = cross_moments(metric.whiten(positions), whitened)
+        whitened = jax.vmap(to_y_grad)(grad)
+        y = whiten(positions)
+        start = cross_moments(y, whitened)
         wide = jnp.where(-start.m_xg / jnp.maximum(start.count - 1, 1) >= 1.0, 1.0, -1.0)
         direction = jnp.where(jnp.isfinite(whitened), wide * whitened, 0.0)
         size = jnp.sqrt(jnp.sum(direction**2, axis=1, keepdims=True))
         anywhere = jax.vmap(lambda k: transition_noise(jax.random.fold_in(k, START_NOISE), positions[0])[0])(keys)
         velocity = jnp.where(size > 0, direction / jnp.where(size > 0, size, 1.0), _unit(anywhere))  # no gradient:
-        chain = _Chain(positions, velocity, logdensity, grad)  # a random direction
+        chain = _Chain(positions, velocity, logdensity, grad, whitened)  # a random direction
         eps0 = params.step_size.astype(dtype)
         dims = jnp.asarray(dim, dtype)
 
         def body(i, carry):
-            chain, eps, _, nans, fails = carry
-            x = metric.whiten(chain.position)
-            length = alpha * jnp.sqrt(jnp.sum(jnp.var(x, axis=0)))
-            new, d_energy = jax.vmap(lambda c: _step(logdensity_fn, c, eps, metric))(chain)
+            chain, y, eps, _, nans, fails = carry  # y: the chains' whitened positions
+            length = alpha * jnp.sqrt(jnp.sum(jnp.var(y, axis=0)))
+            new, d_energy = jax.vmap(lambda c: _step(logdensity_fn, c, eps, to_x, to_y_grad))(chain)
             ok = (jnp.isfinite(new.logdensity) & jnp.isfinite(d_energy) & jnp.all(jnp.isfinite(new.position), 1)
                   & jnp.all(jnp.isfinite(new.logdensity_grad), 1) & jnp.all(jnp.isfinite(new.velocity), 1))
             new = jax.tree.map(lambda a, b: jnp.where(ok.reshape(-1, *([1] * (a.ndim - 1))), a, b), new, chain)
-            noise = jax.vmap(lambda k: transition_noise(jax.random.fold_in(k, first_iteration + i), x[0])[0])(keys)
+            noise = jax.vmap(lambda k: transition_noise(jax.random.fold_in(k, first_iteration + i), y[0])[0])(keys)
             nu = jnp.sqrt(jnp.expm1(2.0 * eps / jnp.maximum(length, eps)) / dims)
             new = new._replace(velocity=_unit(new.velocity + nu * noise))
             good = ok.astype(dtype)
@@ -147,17 +134,18 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
             d_energy = jnp.where(ok, d_energy, 0.0)
             mean_de = jnp.sum(d_energy) / n_ok
             eevpd = jnp.sum(good * (d_energy - mean_de) ** 2) / n_ok / dims
-            bias = equipartition(cross_moments(metric.whiten(new.position), metric.grad(new.logdensity_grad), good))
+            y = whiten(new.position)
+            bias = equipartition(cross_moments(y, new.whitened_grad, good))
             wanted = bias_scale * bias ** (3.0 / 8.0)
             factor = jnp.clip((wanted / jnp.maximum(eevpd, jnp.finfo(dtype).tiny)) ** (1.0 / 6.0),
                               1.0 / MAX_FACTOR, MAX_FACTOR)
             failed = jnp.sum(1.0 - good)
             factor = jnp.where(jnp.sum(good) < 2, 1.0, factor)  # one chain has no energy-error variance
             factor = jnp.where((failed > 0) | ~jnp.isfinite(factor), 0.5, factor)
-            return new, eps * factor, eevpd, nans + failed.astype(jnp.int32), fails + (~ok).astype(jnp.int32)
+            return new, y, eps * factor, eevpd, nans + failed.astype(jnp.int32), fails + (~ok).astype(jnp.int32)
 
-        carry = (chain, eps0, jnp.zeros((), dtype), jnp.zeros((), jnp.int32), jnp.zeros((chains,), jnp.int32))
-        chain, eps, eevpd, nans, fails = jax.lax.fori_loop(0, num_iterations, body, carry)
+        carry = (chain, y, eps0, jnp.zeros((), dtype), jnp.zeros((), jnp.int32), jnp.zeros((chains,), jnp.int32))
+        chain, _, eps, eevpd, nans, fails = jax.lax.fori_loop(0, num_iterations, body, carry)
         grads = (chains * (num_iterations + 1)).astype(jnp.int32)
         # a chain whose steps mostly failed (a gradient that is not finite where it sits) reports no log density:
         # the driver reseats it (dhmc.distributed.cold_rounds.reseat_strays)

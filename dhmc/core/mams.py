@@ -57,7 +57,7 @@ def velocity_update(u: Array, grad: Array, step_size: Array) -> tuple[Array, Arr
     return new, kinetic_change
 
 
-def _preconditioner(inverse_mass_matrix: Array):
+def preconditioner(inverse_mass_matrix: Array):
     """``(to_x, to_y_grad)``: ``x``-step from a whitened step, and the whitened gradient ``S^T g``."""
     if inverse_mass_matrix.ndim == 1:
         scale = jnp.sqrt(inverse_mass_matrix)
@@ -85,7 +85,7 @@ def propose(noise, state: HMCState, logdensity_fn, step_size, inverse_mass_matri
     energies are ``-log p`` alone (MAMS has no kinetic energy to add), and the velocity is
     ``dx/dt = S u``, for ChEES.
     """
-    to_x, whiten = _preconditioner(inverse_mass_matrix)
+    to_x, whiten = preconditioner(inverse_mass_matrix)
     u = noise / jnp.sqrt(jnp.sum(noise**2))
     half = 0.5 * step_size
 
