@@ -53,6 +53,13 @@ class Check:
     divergence_rate: float = 0.0  # divergent transitions per chain and iteration of the round (reported)
     paired_drift: float = 0.0  # largest |z| of the chains' mean change of x or (x - mean)^2 over the round
 
+    @property
+    def stationary(self) -> bool:
+        """The ensemble did not move: its moments match the round before's and its chains' paired changes average
+        to 0 (mixing and adaptation not asked)."""
+        return self.drift_mean < self.critical and self.drift_variance < self.critical \
+            and self.paired_drift < self.critical
+
     def as_dict(self) -> dict:
         return {k: (v if isinstance(v, bool) else round(float(v), 4)) for k, v in self.__dict__.items()}
 

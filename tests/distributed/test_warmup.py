@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dhmc.core.adaptation import fisher
+from dhmc.core.adaptation.welford import welford
 from dhmc.distributed import cold_rounds, warmup
 
 DIM, CHAINS = 3, 512
@@ -46,16 +47,14 @@ def _cold_stats(x: np.ndarray, step: float, corr: float = 0.0) -> list[dict]:
     return out
 
 
-def _adjusted_stats(x: np.ndarray, step: float, length: float) -> list[dict]:
-    from dhmc.core.adaptation.welford import welford
-
+def _moments(x: np.ndarray):
     wf = welford(False, xp=np)
-    out = []
-    for part in (x[: CHAINS // 2], x[CHAINS // 2:]):
-        m = wf.update(wf.init(DIM, np.float64), part)
-        out.append({"step_size": step, "trajectory_length": length, "mass": m._asdict(), "acceptance_rate": 0.8,
-                    "divergences": 0, "grad_evals": len(part) * 100})
-    return out
+    return wf.update(wf.init(DIM, np.float64), x)
+
+
+def _adjusted_stats(x: np.ndarray, step: float, length: float) -> list[dict]:
+    return [{"step_size": step, "trajectory_length": length, "mass": _moments(part)._asdict(), "acceptance_rate": 0.8,
+             "divergences": 0, "grad_evals": len(part) * 100} for part in (x[: CHAINS // 2], x[CHAINS // 2:])]
 
 
 def _run(policy: warmup.Policy, draws, cold_shift=lambda r: 0.0, corr: float = 0.0) -> list[warmup.Step]:
@@ -137,3 +136,23 @@ def test_one_dimension_or_a_handful_of_chains_has_no_cold_phase():
     policy = warmup.Policy(warmup.auto_rounds(100), params, auto=True, adapt=True, dense=None, cold=True, chains=64,
                            dim=1, dtype=np.float32)
     assert policy.next().phase == "warmup" and policy.dense is False
+
+
+def test_a_stationary_round_pools_its_moments_with_the_rounds_before_and_keeps_its_length():
+    """Round 0 (nothing to compare with) and a round whose ensemble moved (shifted 5 sds) set the metric from their
+    own draws and carry the length into it; a round that matches the one before pools their draws for the metric
+    and keeps the length it adapted."""
+    policy = _policy(cold=False)
+    weights = np.array([CHAINS // 2, CHAINS // 2], float)
+    own = lambda *xs: warmup.inverse_mass_matrix(_moments(np.concatenate(xs)), False)
+    rounds = [_draws(1), _draws(2), _draws(3, shift=5.0)]
+    start = _draws(0)
+    expected = [own(rounds[0]), own(rounds[0], rounds[1]), own(rounds[2])]
+    for x, metric, stationary in zip(rounds, expected, (False, True, False), strict=True):
+        step = policy.next()
+        record = policy.update(step, _adjusted_stats(x, 0.3, 2.5), weights, start, x)[0]
+        np.testing.assert_allclose(policy.params["inverse_mass_matrix"], metric, rtol=1e-6)
+        assert record["metric_draws"] == CHAINS * (2 if stationary else 1)
+        assert (float(policy.params["trajectory_length"]) == 2.5) is stationary
+        start = x
+
