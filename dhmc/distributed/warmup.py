@@ -15,8 +15,8 @@ them in chain order and, unless the run has converged, re-estimates the mass mat
 carries the trajectory length into the new metric's units (:func:`carry_length`). With ``warmup="auto"``, a
 round whose ensemble has not moved (:attr:`~dhmc.distributed.stopping.Check.stationary`) pools its moments with
 those of the rounds before it since the ensemble last moved, and keeps its trajectory length: a 501-D dense
-metric re-estimated from one round's 7 draws of 1024 chains is noise at the level of its eigenvalues
-(Marchenko-Pastur: 0.5 to 1.6 for an exact one), and the length carried through that noise changed by 40-90%
+metric re-estimated from one round's 8 draws of 1024 chains is noise at the level of its eigenvalues
+(Marchenko-Pastur: 0.57 to 1.56 for an exact one), and the length carried through that noise changed by 40-90%
 within every other round (item response: 10 adjusted rounds; 4 when pooled).
 
 ``warmup="auto"`` runs adjusted rounds of :data:`AUTO_ROUND` iterations (:data:`AUTO_ROUND_AFTER_COLD` after a
@@ -179,7 +179,7 @@ class Policy:
             self.dense = False
         self.restore_length = restore_length
         self.round, self.first, self.previous, self.earlier, self.settled, self.done = 0, 0, None, None, False, False
-        self.pooled = None  # the moments of the rounds since the ensemble last moved (auto): the next metric's
+        self.pooled = None  # the moments of every round since the ensemble last moved: the next metric is theirs
         self.index = 0
 
     # -- what runs next ------------------------------------------------------------------------------------

@@ -34,6 +34,22 @@ def test_the_stop_rule_passes_a_mixing_stationary_ensemble_and_only_that():
     assert not stopping.converged(current, None, start, end, chains).converged
 
 
+def test_stationary_asks_only_that_the_ensemble_did_not_move():
+    """Chains that barely moved, or a step size still settling, are stationary (the metric's moments may pool);
+    moved means, a shrunk variance or no round before are not."""
+    rng = np.random.default_rng(0)
+    chains, dim = 256, 5
+    draws = lambda: rng.normal(size=(chains, 12, dim))
+    start, end = rng.normal(size=(chains, dim)), rng.normal(size=(chains, dim))
+    previous = _round(draws())
+    still = start + 0.01 * rng.normal(size=start.shape)
+    assert stopping.converged(_round(draws()), previous, start, still, chains).stationary
+    assert stopping.converged(_round(draws(), step=0.25), previous, start, end, chains).stationary
+    assert not stopping.converged(_round(draws() + 1.0), previous, start, end, chains).stationary
+    assert not stopping.converged(_round(draws() * 0.7), previous, start, end, chains).stationary
+    assert not stopping.converged(_round(draws()), None, start, end, chains).stationary
+
+
 def test_paired_drift_sees_a_slow_one_way_drift_that_the_moments_do_not():
     rng = np.random.default_rng(1)
     start = rng.normal(size=(1024, 2))
