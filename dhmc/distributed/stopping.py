@@ -19,7 +19,7 @@ The cold phase (:mod:`dhmc.distributed.cold_rounds`) uses the same drift tests.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -153,11 +153,11 @@ def converged(current, previous, start: np.ndarray, end: np.ndarray, chains: int
                                               variances(previous.moments), chains)
     step_change = abs(math.log(current.step_size / previous.step_size)) if adapt else 0.0
     max_step_change = MAX_STEP_CHANGE * (iterations or STEP_CHANGE_ITERATIONS) / STEP_CHANGE_ITERATIONS
-    paired = paired_drift(start, end)
-    ok = (drift_mean < critical and drift_variance < critical and displacement >= MIN_DISPLACEMENT
-          and step_change < max_step_change and length_change < MAX_LENGTH_CHANGE and paired < critical)
-    return Check(bool(ok), drift_mean, drift_variance, critical, displacement, step_change, length_change,
-                 divergence_rate, paired)
+    check = Check(False, drift_mean, drift_variance, critical, displacement, step_change, length_change,
+                  divergence_rate, paired_drift(start, end))
+    ok = (check.stationary and displacement >= MIN_DISPLACEMENT and step_change < max_step_change
+          and length_change < MAX_LENGTH_CHANGE)
+    return replace(check, converged=bool(ok))
 
 
 __all__ = ["Check", "converged", "critical_z", "describe", "drift_chains", "moment_drift", "paired_drift",

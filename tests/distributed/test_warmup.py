@@ -155,4 +155,3 @@ def test_a_stationary_round_pools_its_moments_with_the_rounds_before_and_keeps_i
         assert record["metric_draws"] == CHAINS * (2 if stationary else 1)
         assert (float(policy.params["trajectory_length"]) == 2.5) is stationary
         start = x
-
