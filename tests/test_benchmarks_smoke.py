@@ -19,7 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
-MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run", "scale"]
+MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run", "scale",
+           "funnel_neck"]
 
 
 def _run(module, args, timeout):
@@ -123,6 +124,20 @@ def test_throughput_contract_is_the_contract_case():
     assert throughput.CONTRACT == {"targets": ["logistic"], "chains": [1024],
                                    "methods": ["dhmc", "floor", "blackjax", "numpyro"], "draws": 400, "num_steps": 10,
                                    "step_size": 0.02, "no_warm": True, "chains_per_task": None}
+
+
+def test_funnel_neck_tiny(tmp_path):
+    """Every rule runs on the centred eight schools and reports its gradients and each quarter's neck; the start
+    has no chain in the neck, so the first quarter's 1% quantile lies above the exact one."""
+    out = tmp_path / "funnel.json"
+    _run("funnel_neck", ["--problems", "eight_schools_centered", "--chains", 64, "--grads", 40,
+                         "--reference-draws", 2000, "--out", out], 300)
+    run = json.loads(out.read_text())["runs"][0]
+    assert set(run["rules"]) == {"harmonic", "arithmetic", "levels", "selected"}
+    assert 0 < run["step_harmonic"] <= run["step_arithmetic"] and run["levels"] >= 1
+    for rule in run["rules"].values():
+        assert rule["grads"] >= 40 and len(rule["checkpoints"]) == 4
+        assert rule["checkpoints"][0]["log_tau"]["q01_gap"] > 0
 
 
 def test_machine_names_the_cpu_and_never_raises(monkeypatch, tmp_path):

@@ -145,8 +145,8 @@ def stray_chains(logdensity: np.ndarray) -> np.ndarray:
     return ~finite | (lp < median - STRAY_IQRS * (q3 - q1) - STRAY_NATS)
 
 
-def reseat_strays(positions: np.ndarray, logdensity: np.ndarray) -> tuple[np.ndarray, int]:
-    """The cold ensemble with its stray chains moved onto others; and how many moved.
+def reseat_strays(positions: np.ndarray, stray: np.ndarray) -> tuple[np.ndarray, int]:
+    """The cold ensemble with its ``stray`` chains (:func:`stray_chains`) moved onto others; and how many moved.
 
     A chain is stray when its log density is more than :data:`STRAY_IQRS` interquartile ranges plus
     :data:`STRAY_NATS` below the ensemble's median, or not finite: far beyond the typical set's own spread (a
@@ -157,7 +157,6 @@ def reseat_strays(positions: np.ndarray, logdensity: np.ndarray) -> tuple[np.nda
     next chain (in chain order, cyclically) that is not stray: a deterministic function of the merged ensemble,
     during the burn-in only, whose draws are never kept.
     """
-    stray = stray_chains(logdensity)
     if not stray.any() or stray.all():
         return positions, 0
     keep = np.flatnonzero(~stray)
@@ -229,8 +228,9 @@ class ColdPhase:
         logdensity = np.concatenate([np.asarray(s["logdensity"]) for s in stats])
         if self.choose and not self.dense:
             self.dense = wants_dense(end)
-        metric = self._metric(current.moments, end, stats, logdensity)
-        end, reseated = reseat_strays(end, logdensity)
+        stray = stray_chains(logdensity)
+        metric = self._metric(current.moments, end, stats, stray)
+        end, reseated = reseat_strays(end, stray)
         self.grads += current.grad_evals // self.chains
         self.first += iterations
         old = np.asarray(params["inverse_mass_matrix"], np.float64)
@@ -258,11 +258,11 @@ class ColdPhase:
         return record, end
 
     def _metric(self, moments: fisher.CrossMoments, end: np.ndarray, stats: list[dict],
-                logdensity: np.ndarray) -> np.ndarray:
-        """The next round's metric: :func:`dense_metric` of the round's end (its stray chains left out) once
+                stray: np.ndarray) -> np.ndarray:
+        """The next round's metric: :func:`dense_metric` of the round's end (its ``stray`` chains left out) once
         :attr:`dense`, else (or where the ensemble gives no dense one) :func:`cold_metric`."""
         if self.dense:
-            kept = np.flatnonzero(~stray_chains(logdensity))
+            kept = np.flatnonzero(~stray)
             rows = kept[estimate_rows(len(kept))]
             gradients = np.concatenate([np.asarray(s["gradient"]) for s in stats])
             metric = dense_metric(end[rows], gradients[rows])

@@ -66,11 +66,11 @@ def test_stray_chains_are_reseated_onto_the_next_chain_that_is_not():
     lp[7] = -2113.0
     lp[6] = np.nan
     x = np.arange(1024.0)[:, None] * np.ones((1, 3))
-    moved, n = cold_rounds.reseat_strays(x, lp)
+    moved, n = cold_rounds.reseat_strays(x, cold_rounds.stray_chains(lp))
     assert n == 3
     np.testing.assert_array_equal(moved[[5, 6, 1023]], x[[7, 7, 0]])  # 6 is not finite: stray too
     np.testing.assert_array_equal(np.delete(moved, [5, 6, 1023], 0), np.delete(x, [5, 6, 1023], 0))
-    same, none = cold_rounds.reseat_strays(x, -2105 + rng.normal(size=1024) * 30)
+    same, none = cold_rounds.reseat_strays(x, cold_rounds.stray_chains(-2105 + rng.normal(size=1024) * 30))
     assert none == 0 and same is x
 
 
