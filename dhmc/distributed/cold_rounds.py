@@ -180,6 +180,13 @@ def noise_condition(chains: int, dim: int) -> float:
     return ((1.0 + g) / (1.0 - g)) ** 2 if g < 1 else math.inf
 
 
+def dense_can_pay(chains: int, dim: int) -> bool:
+    """Whether :func:`wants_dense` may say yes for ``chains`` chains in ``dim`` dimensions: ``2 <= dim <=``
+    :data:`DENSE_MAX_DIM` and :data:`DENSE_CHAINS_PER_DIM` counted chains (:func:`estimate_rows`) per dimension."""
+    counted = len(range(chains)[estimate_rows(chains)])
+    return 2 <= dim <= DENSE_MAX_DIM and counted >= DENSE_CHAINS_PER_DIM * dim
+
+
 def wants_dense(positions: np.ndarray) -> bool:
     """Whether a dense metric pays for this ensemble: enough chains to estimate one (:data:`DENSE_CHAINS_PER_DIM`
     per dimension), a dimension of at most :data:`DENSE_MAX_DIM`, and a correlation matrix whose condition
@@ -192,10 +199,10 @@ def wants_dense(positions: np.ndarray) -> bool:
     where the diagonal took 5,400. The Brownian motion written non-centred (32 dimensions) took 3,076 with a
     dense metric and 16,818 with the diagonal one that 10 times the noise condition chose (``benchmarks/README.md``).
     """
+    if not dense_can_pay(*positions.shape):
+        return False
     x = np.asarray(positions[estimate_rows(positions.shape[0])], np.float64)
     chains, dim = x.shape
-    if dim < 2 or dim > DENSE_MAX_DIM or chains < DENSE_CHAINS_PER_DIM * dim:
-        return False
     sd = x.std(axis=0)
     if not np.all(np.isfinite(sd) & (sd > 0)):
         return False
@@ -215,6 +222,13 @@ class ColdPhase:
         metric = np.eye(dim, dtype=self.dtype) if self.dense else np.ones(dim, self.dtype)
         self.params = {"step_size": np.asarray(-1.0, self.dtype), "inverse_mass_matrix": metric}
         self.grads, self.first, self.previous, self.passes, self.done = 0, 0, None, 0, False
+
+    @property
+    def needs_gradients(self) -> bool:
+        """Whether the next round's blocks must return their chains' end gradients: a dense metric is estimated
+        from them, so only while the metric is dense or may turn dense (:func:`dense_can_pay`). A 2,429-D model's
+        4096 chains would otherwise ship 40 MB of gradients a round for nothing."""
+        return self.dense or (self.choose and dense_can_pay(self.chains, self.dim))
 
     def next(self) -> tuple[int, int, dict]:
         """The next round's first iteration, iterations (0: round 0, which measures the start) and parameters."""
@@ -272,5 +286,5 @@ class ColdPhase:
 
 
 __all__ = ["COLD_ROUND", "MAX_COLD", "ColdPhase", "ColdRound", "carried_step", "cold_applies", "cold_metric",
-           "dense_metric", "drift", "estimate_rows", "merge_cold", "noise_condition", "reseat_strays", "stray_chains",
-           "wants_dense"]
+           "dense_can_pay", "dense_metric", "drift", "estimate_rows", "merge_cold", "noise_condition", "reseat_strays",
+           "stray_chains", "wants_dense"]

@@ -206,7 +206,7 @@ class Runner:
                 chains = geometry.chunk(c)
                 job = self._job(step.phase, c, step.first, step.iterations, positions[chains.start:chains.stop],
                                 step.params, adapt=step.adapt, collect_mass=step.collect_mass,
-                                find_step=step.adapt)
+                                find_step=step.adapt, gradients=step.gradients)
                 blocks[c] = self._submit(job, f"{self.run_id}-{step.phase}-{step.index}-{c}", c)
             results = {}
             try:

@@ -147,6 +147,7 @@ class Step:
     params: dict  # the block programs' parameters (numpy, the model's dtype)
     adapt: bool = False
     collect_mass: bool = False
+    gradients: bool = False  # cold: the blocks return their chains' end gradients (ColdPhase.needs_gradients)
 
 
 class Policy:
@@ -186,7 +187,7 @@ class Policy:
     def next(self) -> Step | None:
         """The next round, or None when warmup is over (:attr:`params` then holds the adapted parameters)."""
         if self.cold is not None:
-            return Step("cold", self.index, *self.cold.next())
+            return Step("cold", self.index, *self.cold.next(), gradients=self.cold.needs_gradients)
         if self.done or self.round >= len(self.rounds):
             return None
         r = self.round

@@ -59,6 +59,7 @@ class Job:
     adapt: bool = True
     collect_mass: bool = False
     find_step: bool = False
+    gradients: bool = False  # cold: return the chains' end gradients too (only a dense metric needs them)
     executable: str | None = None  # a file holding the driver's compiled program, if any (same machine)
     store: Any = field(default=None, repr=False)  # a storage.blocks.BlockDestination: the worker writes there
     head_chains: int = 0  # with a store: return the draws of this many first chains too (the convergence monitor)
@@ -184,6 +185,8 @@ def run_job(job: Job) -> BlockResult:
     out_fields = {}
     if job.phase == "cold":
         out_fields["stats"] = out._asdict() | {"moments": out.moments._asdict()}
+        if not job.gradients:
+            del out_fields["stats"]["gradient"]
         # unadjusted: every step is kept (an undone, non-finite step counts as a divergence)
         grad_evals, acceptance, divergences = int(out.grad_evals), 1.0, int(out.nans)
     elif job.phase == "warmup":

@@ -64,6 +64,8 @@ def _run(policy: warmup.Policy, draws, cold_shift=lambda r: 0.0, corr: float = 0
         end = draws(r + 1) if step.phase == "warmup" else draws(r + 1) + cold_shift(r) * SDS
         stats = (_cold_stats(end, 0.5, corr) if step.phase == "cold"
                  else _adjusted_stats(end, 0.3, float(step.params["trajectory_length"])))
+        if step.phase == "cold" and not step.gradients:  # as a worker returns them
+            stats = [{k: v for k, v in s.items() if k != "gradient"} for s in stats]
         policy.update(step, stats, np.array([CHAINS // 2, CHAINS // 2], float), positions, end)  # (record, start)
         positions, r = end, r + 1
         assert r < 200
@@ -107,6 +109,20 @@ def test_dense_mass_none_chooses_a_dense_metric_for_a_correlated_ensemble_only()
         assert cold[0] == (DIM,) and set(cold[1:]) == {(DIM, DIM) if dense else (DIM,)}
         metric = steps[-1].params["inverse_mass_matrix"]
         assert metric.shape == ((DIM, DIM) if dense else (DIM,))
+
+
+def test_cold_blocks_return_their_gradients_only_where_a_dense_metric_may_use_them():
+    """The end gradients are for a dense metric: asked for while ``dense_mass`` is True, or None with enough chains
+    per dimension for a dense one to pay; never for ``dense_mass=False``, nor where the dimension is too large for
+    the chains (``_run`` drops them as a worker does, so the dense runs above would fail without them)."""
+    for dense, asked in ((True, True), (None, True), (False, False)):
+        steps = _run(_policy(dense=dense), _draws)
+        assert {s.gradients for s in steps if s.phase == "cold"} == {asked}
+        assert not any(s.gradients for s in steps if s.phase == "warmup")
+    few = cold_rounds.ColdPhase(chains=2 * DIM * 100 - 1, dim=DIM * 100, dtype=np.float32)
+    assert not few.needs_gradients and cold_rounds.ColdPhase(2 * DIM * 100, DIM * 100, np.float32).needs_gradients
+    assert not cold_rounds.ColdPhase(4096, cold_rounds.DENSE_MAX_DIM + 1, np.float32).needs_gradients
+    assert cold_rounds.ColdPhase(4096, cold_rounds.DENSE_MAX_DIM + 1, np.float32, dense=True).needs_gradients
 
 
 def test_the_users_dense_mass_holds_through_the_cold_phase():
