@@ -131,7 +131,6 @@ class Ensemble:
         self.init = jax.jit(jax.vmap(lambda x: metropolis.init(x, logdensity)))
         step = lambda key, state, eps, n: kernel(key, state, logdensity, eps, inverse_mass_matrix, n)
         self.step = jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None)))
-
         self.select = jax.jit(jax.vmap(selected_kernel(logdensity, inverse_mass_matrix), in_axes=(0, 0, None, None, None)))
 
     def transition(self, seed: int, iteration: int, states, step_sizes, num_steps: int):
@@ -141,7 +140,7 @@ class Ensemble:
         return self.step(keys, states, step_sizes, num_steps)
 
     def selected(self, seed: int, iteration: int, states, top: float, rungs: int, num_steps: int):
-        """``(states, acceptance, trial gradients)`` of the ``selected`` rule's transition."""
+        """``(states, acceptance, trials)`` of the ``selected`` rule's transition (:func:`selected_kernel`)."""
         import jax
 
         keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), iteration), states.position.shape[0])
@@ -203,8 +202,10 @@ def tune(ensemble: Ensemble, states, statistic, target: float, length: float, dt
         middle = 0.5 * (low + high)
         h = math.exp(middle)
         n = max(1, math.ceil(length / h))
-        values = [float(statistic(*(lambda i: (i.acceptance_rate, i.diverging))(
-            ensemble.transition(10_000 + k, 0, states, jnp.full(chains, h, dtype), n)[1]))) for k in range(tries)]
+        values = []
+        for k in range(tries):
+            _, info = ensemble.transition(10_000 + k, 0, states, jnp.full(chains, h, dtype), n)
+            values.append(float(statistic(info.acceptance_rate, info.diverging)))
         low, high = (middle, high) if np.mean(values) >= target else (low, middle)
     return math.exp(low)
 
