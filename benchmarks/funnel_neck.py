@@ -253,7 +253,8 @@ def run(name: str, args) -> dict:
             acceptance.append(float(jnp.mean(accepted)))
         checkpoints = []
         for quarter in (1, 2, 3, 4):
-            part = history[(quarter - 1) * len(history) // 4: max(1, quarter * len(history) // 4)]
+            first = min((quarter - 1) * len(history) // 4, len(history) - 1)  # fewer than 4 iterations: share them
+            part = history[first: max(first + 1, quarter * len(history) // 4)]
             window = np.concatenate([x for _, x in part])
             checkpoints.append({"grads": part[-1][0], **{k: {
                 "sd_ratio": round(float(window[:, i].std()) / exact_sd[k], 3),
