@@ -67,49 +67,40 @@ def eight_schools_centered(rng, n):
 
 def brownian(rng, n, noncentered=False):
     """``laps_targets``'s Brownian motion on ``(log_innovation, log_observation, x[30])`` (non-centred: the
-    innovations ``z = diff(x) / exp(log_innovation)`` instead of ``x``) and exact draws: the log scales from the
-    quadrature grid of their marginal posterior, the positions from their Gaussian conditional."""
+    innovations ``z = diff(x) / exp(log_innovation)`` instead of ``x``) and exact draws: the log scales from
+    :func:`~benchmarks.laps_targets.brownian_grid`, the positions from their Gaussian conditional."""
     import jax.numpy as jnp
     from jax.scipy.stats import norm
 
-    from benchmarks.laps_targets import BROWNIAN_STEPS, brownian_data
+    from benchmarks.laps_targets import BROWNIAN_STEPS, brownian_data, brownian_grid, target
 
     y, observed = brownian_data()
-    t = np.arange(BROWNIAN_STEPS)
-    cov = np.minimum.outer(t, t) + 1.0
-    obs = np.flatnonzero(observed)
-    lam, u = np.linalg.eigh(cov[np.ix_(obs, obs)])
-    y_rot, h = u.T @ y[obs], 0.01
-    li, lo = np.meshgrid(np.arange(-16 + h / 2, 4, h), np.arange(-12 + h / 2, 3, h), indexing="ij")
-    d = np.exp(2 * li)[..., None] * lam + np.exp(2 * lo)[..., None]
-    logp = -li**2 / 8 - lo**2 / 8 - 0.5 * np.log(d).sum(-1) - 0.5 * (y_rot**2 / d).sum(-1)
-    w = np.exp(logp - logp.max()).ravel()
-    pick = rng.choice(w.size, n, p=w / w.sum())
-    li = li.ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
-    lo = lo.ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
-    precision_prior, ones, data = np.linalg.inv(cov), np.zeros(BROWNIAN_STEPS), np.zeros(BROWNIAN_STEPS)
-    ones[obs], data[obs] = 1.0, y[obs]
+    h = 0.01
+    grid = brownian_grid(h)
+    pick = rng.choice(grid["weights"].size, n, p=grid["weights"].ravel())
+    li = grid["log_innovation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
+    lo = grid["log_observation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
+    precision_prior, ones, data = np.linalg.inv(grid["covariance"]), np.zeros(BROWNIAN_STEPS), np.zeros(BROWNIAN_STEPS)
+    ones[observed], data[observed] = 1.0, y[observed]
     x = np.empty((n, BROWNIAN_STEPS))
     for i, (a, b) in enumerate(zip(li, lo, strict=True)):
         covariance = np.linalg.inv(precision_prior * np.exp(-2 * a) + np.diag(ones * np.exp(-2 * b)))
         x[i] = rng.multivariate_normal(covariance @ (data * np.exp(-2 * b)), covariance)
-    if noncentered:
-        x = np.diff(x, axis=1, prepend=0.0) / np.exp(li)[:, None]
+    watched = {"log_innovation": 0, "log_observation": 1}
+    if not noncentered:
+        centred, _ = target("brownian")
+        logdensity = lambda z: centred({"x": z[2:], "log_innovation": z[0], "log_observation": z[1]})
+        return logdensity, np.column_stack([li, lo, x]), watched
     y_j, observed_j = jnp.asarray(y), jnp.asarray(observed)
 
     def logdensity(z):
-        li, lo, rest = z[0], z[1], z[2:]
-        lp = norm.logpdf(li, 0.0, 2.0) + norm.logpdf(lo, 0.0, 2.0)
-        if noncentered:
-            lp += jnp.sum(norm.logpdf(rest))
-            path = jnp.cumsum(jnp.exp(li) * rest)
-        else:
-            lp += jnp.sum(norm.logpdf(jnp.diff(rest, prepend=jnp.zeros((1,), rest.dtype)), 0.0, jnp.exp(li)))
-            path = rest
-        return lp + jnp.sum(jnp.where(observed_j, norm.logpdf(y_j.astype(rest.dtype), path, jnp.exp(lo)), 0.0))
+        li, lo, innovations = z[0], z[1], z[2:]
+        lp = norm.logpdf(li, 0.0, 2.0) + norm.logpdf(lo, 0.0, 2.0) + jnp.sum(norm.logpdf(innovations))
+        path = jnp.cumsum(jnp.exp(li) * innovations)
+        return lp + jnp.sum(jnp.where(observed_j, norm.logpdf(y_j.astype(path.dtype), path, jnp.exp(lo)), 0.0))
 
-    watched = {"log_observation": 1} if noncentered else {"log_innovation": 0, "log_observation": 1}
-    return logdensity, np.column_stack([li, lo, x]), watched
+    innovations = np.diff(x, axis=1, prepend=0.0) / np.exp(li)[:, None]
+    return logdensity, np.column_stack([li, lo, innovations]), {"log_observation": 1}
 
 
 def target(name: str, rng, n: int):

@@ -144,24 +144,39 @@ def reference(name: str) -> dict:
     return {k: tuple(v) for k, v in data["moments"].items()}
 
 
-def brownian_exact(h: float = 0.01) -> dict:
-    """``brownian``'s reference by quadrature: the scales' posterior on a midpoint grid of step ``h`` (log scales in
-    [-16, 4] x [-12, 3]; the mass at its edges is under 1e-10), the positions' moments from their Gaussian
-    conditionals."""
+def brownian_grid(h: float = 0.01) -> dict:
+    """``brownian``'s log scales' posterior on a midpoint grid of step ``h`` (log scales in [-16, 4] x [-12, 3]; the
+    mass at its edges is under 1e-10): ``log_innovation``, ``log_observation`` (the grid) and ``weights`` (summing to
+    1), with what the positions' Gaussian conditionals need: ``covariance`` (the positions', per unit innovation
+    variance), ``loadings`` (``covariance[:, observed] @ u``), ``rotated`` (the observations, ``u^T y``) and
+    ``eigenvalues`` (of the observations' covariance at each grid point), ``u`` the eigenvectors of the observed
+    positions' covariance."""
     import numpy as np
 
     y, observed = brownian_data()
     t = np.arange(BROWNIAN_STEPS)
-    cov = np.minimum.outer(t, t) + 1.0  # of the positions, per unit innovation variance
+    cov = np.minimum.outer(t, t) + 1.0
     obs = np.flatnonzero(observed)
     lam, u = np.linalg.eigh(cov[np.ix_(obs, obs)])
-    y_rot, a = u.T @ y[obs], cov[:, obs] @ u
+    y_rot = u.T @ y[obs]
     li, lo = np.meshgrid(np.arange(-16 + h / 2, 4, h), np.arange(-12 + h / 2, 3, h), indexing="ij")
-    si2, so2 = np.exp(2 * li)[..., None], np.exp(2 * lo)[..., None]
-    d = si2 * lam + so2  # eigenvalues of the observations' covariance
+    d = np.exp(2 * li)[..., None] * lam + np.exp(2 * lo)[..., None]
     logp = -li**2 / 8 - lo**2 / 8 - 0.5 * np.log(d).sum(-1) - 0.5 * (y_rot**2 / d).sum(-1)
     w = np.exp(logp - logp.max())
     w /= w.sum()
+    return {"log_innovation": li, "log_observation": lo, "weights": w, "covariance": cov,
+            "loadings": cov[:, obs] @ u, "rotated": y_rot, "eigenvalues": d}
+
+
+def brownian_exact(h: float = 0.01) -> dict:
+    """``brownian``'s reference by quadrature: the scales' posterior on :func:`brownian_grid`, the positions'
+    moments from their Gaussian conditionals."""
+    import numpy as np
+
+    grid = brownian_grid(h)
+    li, lo, w, cov = grid["log_innovation"], grid["log_observation"], grid["weights"], grid["covariance"]
+    a, y_rot, d = grid["loadings"], grid["rotated"], grid["eigenvalues"]
+    si2 = np.exp(2 * li)[..., None]
     moments = {}
     for name, v in (("log_innovation", li), ("log_observation", lo)):
         m1, m2, m4 = (w * v).sum(), (w * v**2).sum(), (w * v**4).sum()
