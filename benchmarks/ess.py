@@ -28,9 +28,9 @@ log-spaced from 1e-2 to 1: covariance condition number 1e4), ``funnel`` (Neal's 
 3), z_i ~ N(0, 1) for 9 coordinates, d = 10; x_i = exp(v/2) z_i reported apart), and, on request only,
 ``gauss100_rot`` (the same spectrum in a random rotation) and ``eight_schools`` (dhmc's built-in model, the
 script's original default; no reference moments), the LAPS targets (``benchmarks.laps_targets``) and dhmc's
-documented route for a centred hierarchy (``eight_schools-eight_schools_centered:noncentered``,
-``brownian:noncentered``: dhmc samples the NumPyro model with ``noncentered=True``; the peers run the log density as
-written, the centred one, on the same row).
+documented routes for a centred hierarchy (``eight_schools-eight_schools_centered:noncentered``,
+``brownian:noncentered``: dhmc samples the NumPyro model with ``noncentered=True``; ``...:laplace`` the same with
+``laplace=True``; the peers run the log density as written, the centred one, on the same row).
 
 Per row: seconds of the whole call (compile, warmup, sampling; for dhmc also its cluster start) and of the
 sampling phase (its compile included); gradient evaluations (warmup + sampling: leapfrog steps, NUTS's
@@ -71,7 +71,9 @@ SYNTHETIC = ("gauss100", "funnel")
 NONCENTERED = "eight_schools-eight_schools_centered:noncentered"  # the centred NumPyro model, dhmc's noncentered=True
 LAPS = ("icg100", "brownian", "irt")  # LAPS's own targets (benchmarks.laps_targets), references kept in the repo
 BROWNIAN_NONCENTERED = "brownian:noncentered"  # its NumPyro model, dhmc's noncentered=True
-ROUTES = (NONCENTERED, BROWNIAN_NONCENTERED)  # dhmc's documented route for a centred hierarchy
+LAPLACE = "eight_schools-eight_schools_centered:laplace"  # the centred NumPyro model, dhmc's laplace=True
+BROWNIAN_LAPLACE = "brownian:laplace"  # its NumPyro model, dhmc's laplace=True
+ROUTES = (NONCENTERED, BROWNIAN_NONCENTERED, LAPLACE, BROWNIAN_LAPLACE)  # dhmc's documented routes for a hierarchy
 ON_REQUEST = ("gauss100_rot", "eight_schools") + ROUTES + LAPS
 ALL_PROBLEMS = REFERENCE + SYNTHETIC
 DHMC_KERNELS = {"dhmc": "chees", "dhmc-mams": "mams"}
@@ -90,7 +92,7 @@ def resolve_problem(name: str) -> str:
 def label(name: str) -> str:
     """Short name for tables: ``eight_schools_noncentered``, ``kidiq``, ``arK``, ``gauss100`` ..."""
     if name in ROUTES:
-        return f"{label(name.split(':')[0])}, noncentered=True"
+        return f"{label(name.split(':')[0])}, {name.split(':')[1]}=True"
     if name.startswith("eight_schools-"):
         return name.split("-", 1)[1]
     return name.split("-", 1)[0]
@@ -168,7 +170,8 @@ class Problem:
         self.moments, self.required, self.post = None, None, None
         self.expect_unbiased = True
         self.numpyro_model, self.numpyro_args = None, ()
-        self.noncentered = name in ROUTES  # dhmc samples route_model with noncentered=True; the peers, the log density
+        self.route = name.split(":")[1] if name in ROUTES else None  # dhmc samples route_model with this option
+        # True (noncentered, laplace); the peers, the log density
         self.route_model = None
         self.init_radius = 0.5  # dhmc's jitter of a log-density init
         self.x64, self.dense_mass = False, False
@@ -194,7 +197,7 @@ class Problem:
             from benchmarks import laps_targets
 
             self.logdensity, self.init = laps_targets.target(name.split(":")[0])
-            if self.noncentered:
+            if self.route:
                 self.route_model = laps_targets.brownian_model
             ref = laps_targets.reference(name.split(":")[0])
             self.moments = {k: (m, s, se) for k, (m, s, se, _, _) in ref.items()}
@@ -210,7 +213,7 @@ class Problem:
 
             post = get(name.split(":")[0])
             self.name, self.post = post.name, post
-            self.route_model = post.numpyro_model if self.noncentered else None
+            self.route_model = post.numpyro_model if self.route else None
             self.x64, self.dense_mass = post.x64, post.dense_mass
             self.logdensity, self.init = post.logdensity, post.init
             self.expect_unbiased = post.expect_unbiased
@@ -341,9 +344,9 @@ def _child(cfg: dict, out: dict) -> dict:
         warmup = cfg.get("dhmc_warmup", "auto")
         warmup = warmup if warmup == "auto" else int(warmup)
         target, kwargs = problem.dhmc_target, problem.dhmc_kwargs
-        if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
+        if problem.route:  # a documented route: the NumPyro model, its hierarchy reparameterised by dhmc
             target = problem.route_model
-            kwargs = {"noncentered": True}
+            kwargs = {problem.route: True}
         with recording_convergence(out):
             tree = dhmc.sample(target, chains=cfg["dhmc_chains"], draws=cfg["draws"], warmup=warmup,
                                seed=cfg["seed"], kernel=DHMC_KERNELS[sampler], progress=False, **kwargs)
@@ -366,7 +369,7 @@ def _child(cfg: dict, out: dict) -> dict:
         # (dhmc's initial step-size search is not in it: a few gradients per chain)
         out["warmup_grads"] = int(sum(int(r.get("grad_evals", 0)) for r in history))
         out["sampling_grads"] = int(stats["n_steps"].values.sum(dtype="int64"))
-        if problem.name != "eight_schools" and not problem.noncentered:
+        if problem.name != "eight_schools" and not problem.route:
             post = {k: v for k, v in post.items() if k in problem.init}
     elif sampler == "numpyro":
         post = _numpyro(problem, cfg, out)
@@ -378,7 +381,7 @@ def _child(cfg: dict, out: dict) -> dict:
         raise ValueError(f"unknown sampler {sampler!r}")
     out["draws_total"] = out["chains"] * cfg["draws"]
     out["total_grads"] = out["warmup_grads"] + out["sampling_grads"]
-    out.update(score(problem, {k: np.asarray(v) for k, v in post.items()}, problem.noncentered and sampler in DHMC_KERNELS))
+    out.update(score(problem, {k: np.asarray(v) for k, v in post.items()}, bool(problem.route) and sampler in DHMC_KERNELS))
     out["min_ess_per_s"] = out["min_ess_bulk"] / out["total_s"]
     if out.get("sampling_s"):
         out["min_ess_per_s_sampling"] = out["min_ess_bulk"] / out["sampling_s"]

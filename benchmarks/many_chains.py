@@ -323,10 +323,10 @@ def _dhmc(problem, cfg, out) -> dict:
             cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                                    dashboard_address="127.0.0.1:0")
             out["cluster_kind"] = "LocalCluster(1 worker)"
-    if problem.noncentered:  # the documented route: the NumPyro model, its hierarchy non-centred by dhmc
+    if problem.route:  # a documented route: the NumPyro model, its hierarchy reparameterised by dhmc
         kwargs.pop("init")
         target = problem.route_model
-        kwargs["noncentered"] = True
+        kwargs[problem.route] = True
     else:
         target = problem.logdensity
     try:
@@ -340,7 +340,7 @@ def _dhmc(problem, cfg, out) -> dict:
                 out["warmup"], out["warmup_fallback"] = 1000, f"warmup='auto' raised {type(e).__name__}: {e}"
                 tree = dhmc.sample(target, warmup=1000, cluster=cluster, **kwargs)
         out["ebfmi"] = ebfmi(tree)
-        names = tree["posterior"].data_vars if problem.noncentered else problem.init
+        names = tree["posterior"].data_vars if problem.route else problem.init
         draws = {k: tree["posterior"][k].values for k in names}
     finally:
         if cluster is not None and not isinstance(cluster, str):
@@ -356,7 +356,7 @@ def _dhmc(problem, cfg, out) -> dict:
                cold_grads=sum(int(r["grad_evals"]) for r in history if r.get("phase") == "cold") / chains,
                seq_grads_brief=warm + int(n_steps[0].sum()))
     return {"draws": draws, "grads": np.concatenate([np.full((chains, 1), round(warm)), n_steps], axis=1),
-            "warmup_iters": 1, "numpyro": problem.noncentered}
+            "warmup_iters": 1, "numpyro": bool(problem.route)}
 
 
 def _starts(problem, cfg, chains):

@@ -28,10 +28,12 @@ from dhmc.distributed.spec import (
 from dhmc.distributed.startup import Startup, pickle_target
 from dhmc.models.base import TRACING
 from dhmc.models.reference import ReferenceTarget, is_reference
-from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_outputs
+from dhmc.models.resolve import initial_positions, resolve_target, with_labels, with_laplace, with_outputs
 from dhmc.storage.memory import check_fits
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import xarray as xr
 
 __all__ = ["sample", "resume", "extend"]
@@ -73,6 +75,7 @@ def sample(
     max_warmup: int | None = None,
     observers: tuple = (),
     noncentered: bool = False,
+    laplace: bool | str | Sequence[str] = False,
 ) -> xr.DataTree:
     """Sample an ensemble of HMC chains on a Dask cluster.
 
@@ -143,6 +146,14 @@ def sample(
         copy of the model's graph: :mod:`dhmc.models.pymc_noncentred`). A centred hierarchy's funnel is the one
         geometry no step size serves: the centred eight schools takes tens of thousands of gradients a chain
         and stays biased; non-centred, a few hundred (``benchmarks/README.md``).
+    laplace
+        Sample the named latent variables (a log density's leaves, a NumPyro model's latent sites; ``True``: a
+        NumPyro model's hierarchical sites, those ``noncentered`` would non-centre) whitened by their conditional
+        mode and curvature given the rest, ``x = m(u) + L(u)^-T z`` (:mod:`dhmc.models.laplace`), ``x`` still
+        reported. Where ``x`` is Gaussian given the scales ``u`` every funnel between them is gone, the data's as
+        well as the prior's (a Brownian motion's observation noise, which non-centring leaves); exact for any
+        model. Each gradient then costs the latent block's Hessian and its Cholesky factor: for tens to a few
+        hundred latent coordinates whose conditional is Gaussian-like.
     dims, coords
         Names of a variable's axes (``{"theta": ["school"]}``) and a dim's coordinates
         (``{"school": [...]}``), on top of those NumPyro plates give.
@@ -170,6 +181,8 @@ def sample(
     with TRACING:  # NumPyro's handler stack is global: runs prepared in two threads take turns
         resolved, name, batched = resolve_target(target, init, chains, model_args, model_kwargs)
         resolved = with_outputs(resolved, name, log_likelihood, predictive, options["prior"], noncentered)
+        by_reference = isinstance(resolved, ReferenceTarget)
+        resolved, latent = with_laplace(resolved, name, laplace, noncentered)
         pickled = pickle_target(resolved)  # as the user gave it: nothing has traced it yet
         model = with_labels(resolved.build(), dims, coords)
         check_kernel_fits(options["kernel"], model.dim)
@@ -182,10 +195,11 @@ def sample(
         geometry = geometry_for(model, layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",
                                 target_ess=options["target_ess"])
     spec = RunSpec(model=name, seed=seed, dense_mass=dense_mass, chains_per_task=geometry.chains_per_task,
-                   by_reference=isinstance(resolved, ReferenceTarget),
+                   by_reference=by_reference,
                    draws_per_segment=geometry.draws_per_segment, x64=bool(jax.config.jax_enable_x64),
                    log_likelihood=bool(log_likelihood), adapted_from=adapted_from and str(adapted_from),
                    predictive=bool(predictive), save_warmup=bool(save_warmup), noncentered=bool(noncentered),
+                   laplace=latent,
                    **options)
     check_fits(layout, geometry, model.dim * np.dtype(model.dtype).itemsize, in_memory=store is None,
                grow=options["target_ess"] is not None)

@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--target-accept", type=float, default=None, help="default 0.8 (0.9 for mams)")
     s.add_argument("--noncentered", action="store_true",
                    help="NumPyro and PyMC models: hierarchical normal variables sampled non-centred (mu + tau * z)")
+    s.add_argument("--laplace", nargs="?", const=True, default=False, metavar="NAMES",
+                   help="latent variables (comma-separated; none: a NumPyro model's hierarchical sites) sampled "
+                        "Laplace-whitened given the rest")
     s.add_argument("--out", required=True, help="Zarr store to write")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
     _cluster_args(s)
@@ -165,7 +168,8 @@ def _sample(args) -> int:
                         target_accept=args.target_accept, chains_per_task=args.chains_per_task, store=args.out,
                         overwrite=args.overwrite, cluster=args.cluster, cluster_options=dict(args.cluster_option),
                         progress=args.progress, target_ess=args.target_ess, max_draws=args.max_draws,
-                        max_warmup=args.max_warmup, noncentered=args.noncentered)
+                        max_warmup=args.max_warmup, noncentered=args.noncentered,
+                        laplace=args.laplace.split(",") if isinstance(args.laplace, str) else args.laplace)
     _print_result(trace, args.out)
     return 0
 

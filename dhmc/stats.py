@@ -62,8 +62,8 @@ def ebfmi(energy: np.ndarray) -> float:
 def ebfmi_warning(fraction: float) -> str:
     """What an E-BFMI below :data:`EBFMI_MIN` means, in words (the run's warning and ``dhmc summary``'s)."""
     return (f"E-BFMI {fraction:.2f} is below {EBFMI_MIN}: the chains change their energy slowly, so a funnel's neck "
-            "or a heavy tail may be under-explored and the sds too small; reparameterise (a NumPyro model's "
-            "hierarchy: noncentered=True)")
+            "or a heavy tail may be under-explored and the sds too small; reparameterise (a hierarchy: "
+            "noncentered=True, or laplace= where the data squeeze it too)")
 
 
 def split_rhat(draws: np.ndarray):

@@ -14,7 +14,7 @@ from dhmc.distributed.startup import pickle_target
 from dhmc.models.base import TRACING
 from dhmc.models.fingerprint import check_same_run
 from dhmc.models.reference import is_reference
-from dhmc.models.resolve import resolve_target, with_outputs
+from dhmc.models.resolve import resolve_target, with_laplace, with_outputs
 
 __all__ = ["continued_run"]
 
@@ -64,6 +64,7 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
     with TRACING:  # NumPyro's handler stack is global (dhmc.models.base.TRACING)
         resolved, name, _ = resolve_target(target, init, spec.chains, model_args, model_kwargs)
         resolved = with_outputs(resolved, name, spec.log_likelihood, spec.predictive, noncentered=spec.noncentered)
+        resolved, _ = with_laplace(resolved, name, tuple(spec.laplace))
         pickled = pickle_target(resolved)  # before anything traces it
         model = resolved.build()
     if not force:

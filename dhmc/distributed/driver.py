@@ -184,8 +184,8 @@ def _warn_divergences(trace):
     if n:
         share = 100 * n / diverging.size
         warnings.warn(f"{n} divergent transitions after warmup ({share:.3g}% of draws): the posterior may be biased "
-                      "where the chains diverged; reparameterise (a NumPyro model's hierarchy: noncentered=True) or "
-                      "raise target_accept", ConvergenceWarning, stacklevel=4)
+                      "where the chains diverged; reparameterise (a hierarchy: noncentered=True, or laplace= where the "
+                      "data squeeze it too) or raise target_accept", ConvergenceWarning, stacklevel=4)
     return trace
 
 

@@ -50,6 +50,7 @@ class RunSpec:
     max_warmup: int | None = None  # warmup="auto": the most iterations; ``warmup`` is the iterations run once known
     cold_start: bool = False  # warmup="auto" with adaptation: an unadjusted cold phase first (dhmc.core.cold)
     noncentered: bool = False  # a NumPyro model's hierarchical loc-scale sites sampled non-centred
+    laplace: tuple[str, ...] = ()  # the latent variables sampled Laplace-whitened (dhmc.models.laplace)
     by_reference: bool = False  # ``model`` names a function the workers import and call to make the target
 
     @property

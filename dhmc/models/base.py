@@ -11,7 +11,7 @@ import numpy as np
 
 from dhmc.types import Array
 
-__all__ = ["FlatModel", "Target", "TRACING"]
+__all__ = ["FlatModel", "Target", "TRACING", "flat_variables"]
 
 #: Held while a model is traced or run on the driver. NumPyro keeps its effect-handler stack in one global list,
 #: so two threads tracing a NumPyro model at once (the driver compiling block programs while it checks the initial
@@ -44,6 +44,10 @@ class FlatModel:
         Flat position -> dict of each observed site's pointwise log-likelihood, or None.
     predictive_fn
         ``(flat position, PRNG key)`` -> dict of a draw of each observed site, or None.
+    variables
+        Each unconstrained variable's ``(start, stop)`` in the flat position, where the target names them.
+    to_flat
+        The target's own flat position -> the sampled one, where they differ (:mod:`dhmc.models.laplace`).
     """
 
     logdensity_fn: Callable[[Array], Array]
@@ -58,6 +62,8 @@ class FlatModel:
     log_likelihood_fn: Callable[[Array], dict[str, Array]] | None = None
     predictive_fn: Callable[[Array, Array], dict[str, Array]] | None = None
     constant_data: dict[str, np.ndarray] = field(default_factory=dict)
+    variables: dict[str, tuple[int, int]] = field(default_factory=dict)
+    to_flat: Callable[[Array], Array] | None = None
 
 
 class Target(Protocol):
@@ -67,3 +73,13 @@ class Target(Protocol):
 
     def build(self) -> FlatModel:
         """Build the flat model (jax arrays, closures) in the current process."""
+
+
+def flat_variables(names, template) -> dict[str, tuple[int, int]]:
+    """``{name: (start, stop)}`` of each leaf of ``template`` (named ``names``, in leaf order) in its
+    ``ravel_pytree``."""
+    import jax
+
+    stops = np.cumsum([np.size(leaf) for leaf in jax.tree.leaves(template)])
+    return {name: (int(stop - np.size(leaf)), int(stop))
+            for name, leaf, stop in zip(names, jax.tree.leaves(template), stops, strict=True)}

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from dhmc.models.base import FlatModel
+from dhmc.models.base import FlatModel, flat_variables
 
 __all__ = ["LogDensityTarget"]
 
@@ -45,7 +45,8 @@ class LogDensityTarget:
         def constrain(x):
             return dict(zip(names, jax.tree.leaves(unravel(x)), strict=True))
 
-        return FlatModel(logdensity, constrain, flat.size, flat.dtype, np.asarray(flat), self.jitter)
+        return FlatModel(logdensity, constrain, flat.size, flat.dtype, np.asarray(flat), self.jitter,
+                         variables=flat_variables(names, template))
 
 
 def variable_names(template) -> list[str]:

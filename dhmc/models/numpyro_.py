@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from dhmc.models.base import FlatModel
+from dhmc.models.base import FlatModel, flat_variables
 
 
 def is_numpyro_model(obj: Callable, init: Any, model_args: tuple, model_kwargs: dict | None) -> bool:
@@ -148,7 +148,8 @@ class NumPyroTarget:
         centre = np.asarray(flat) if strategy else np.zeros(flat.size, dtype=flat.dtype)
         return FlatModel(logdensity, constrain, int(flat.size), flat.dtype, centre, 0.5 if strategy else self.radius,
                          observed, dims=dims, coords=coords, log_likelihood_fn=pointwise,
-                         predictive_fn=predictive if self.predictive else None)
+                         predictive_fn=predictive if self.predictive else None,
+                         variables=flat_variables(sorted(template), template))
 
     def sampled_model(self) -> Callable:
         """The model as sampled: the user's, or with ``noncentered`` its hierarchical loc-scale sites non-centred."""
@@ -177,10 +178,11 @@ class NumPyroTarget:
 PRIOR_STREAM = 2**32 - 2  # keys of prior draws: fold_in data no kernel iteration reaches
 
 
-def noncentred_sites(model, args=(), kwargs=None) -> list[str]:
+def noncentred_sites(model, args=(), kwargs=None, option: str = "noncentered=True") -> list[str]:
     """The latent sites of ``model`` that ``LocScaleReparam(0)`` can non-centre and that a hierarchy makes worth it:
     real support, a ``loc`` and a ``scale`` (under any ``expand``/``to_event``), and at least one other latent site
-    they depend on (``numpyro.infer.inspect.get_dependencies``)."""
+    they depend on (``numpyro.infer.inspect.get_dependencies``). ``option`` names what asked, in the error of a
+    model whose dependencies cannot be traced."""
     from numpyro import handlers
     from numpyro.distributions import constraints
     from numpyro.infer.inspect import get_dependencies
@@ -189,8 +191,9 @@ def noncentred_sites(model, args=(), kwargs=None) -> list[str]:
     try:
         depends = get_dependencies(model, args, kwargs)["prior_dependencies"]
     except Exception as e:  # noqa: BLE001 - reported in the user's terms
-        raise ValueError(f"noncentered=True could not trace the model's dependencies ({type(e).__name__}: {e}); "
-                         "write the hierarchy non-centred yourself") from None
+        raise ValueError(f"{option} could not trace the model's dependencies ({type(e).__name__}: {e}); "
+                         + ("name its latent variables" if option.startswith("laplace") else
+                            "write the hierarchy non-centred yourself")) from None
     sites: list[tuple[str, bool, bool]] = []  # (name, latent, loc-scale) of each sample site, in order
 
     def collect():

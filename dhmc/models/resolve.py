@@ -12,12 +12,13 @@ from dhmc.core.ensemble import initial_positions as jittered_positions
 from dhmc.errors import one_line
 from dhmc.models.base import TRACING, FlatModel
 from dhmc.models.examples import example
+from dhmc.models.laplace import LaplaceTarget
 from dhmc.models.logdensity import LogDensityTarget
-from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model
+from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model, noncentred_sites
 from dhmc.models.pymc_ import is_bambi_model, is_model_factory, is_pymc_model, pymc_target
 from dhmc.models.reference import ReferenceTarget, bind, import_reference, is_reference
 
-__all__ = ["resolve_target", "with_outputs", "with_labels", "initial_positions", "evaluate"]
+__all__ = ["resolve_target", "with_outputs", "with_laplace", "with_labels", "initial_positions", "evaluate"]
 
 
 def resolve_target(target, init, chains, model_args, model_kwargs):
@@ -105,6 +106,32 @@ def with_outputs(target, name: str, log_likelihood: bool = False, predictive: bo
     return target.with_outputs(log_likelihood=log_likelihood, predictive=predictive, noncentered=noncentered)
 
 
+def with_laplace(target, name: str, laplace, noncentered: bool = False) -> tuple:
+    """``(target, latent names)``: the target with ``laplace``'s latent variables Laplace-whitened
+    (:mod:`dhmc.models.laplace`), or unchanged with ``()`` when ``laplace`` is False, None or empty.
+
+    ``laplace=True`` picks a NumPyro model's hierarchical sites (those ``noncentered=True`` would non-centre); else
+    it names the variables (a log density's leaves, a NumPyro model's latent sites).
+    """
+    if laplace is None or laplace is False or (not isinstance(laplace, bool | str) and not list(laplace)):
+        return target, ()
+    if noncentered:
+        raise ValueError("laplace= and noncentered=True reparameterise the same hierarchy two ways: choose one")
+    if laplace is True:
+        if not isinstance(target, NumPyroTarget):
+            raise ValueError(f"laplace=True picks a NumPyro model's hierarchical sites; {name!r} is not a NumPyro "
+                             "model: name its latent variables (laplace=['x'])")
+        latent = tuple(noncentred_sites(target.model, target.model_args, target.model_kwargs, "laplace=True"))
+        if not latent:
+            raise ValueError(f"laplace=True found no hierarchical site in {name!r} (a normal site whose loc or scale "
+                             "depends on another latent site): name its latent variables")
+    else:
+        latent = (laplace,) if isinstance(laplace, str) else tuple(laplace)
+        if not all(isinstance(v, str) for v in latent):
+            raise TypeError(f"laplace must be True or the names of latent variables, got {laplace!r}")
+    return LaplaceTarget(target, latent), latent
+
+
 def with_labels(model: FlatModel, dims, coords) -> FlatModel:
     """The model with the user's ``dims`` (``{variable: [dim, ...]}``) and ``coords`` (``{dim: values}``) on top."""
     for key, value in (("dims", dims), ("coords", coords)):
@@ -119,6 +146,8 @@ def initial_positions(model: FlatModel, name, batched, seed, chains) -> np.ndarr
     if batched is not None:  # each chain's row is ravel_pytree of its slice: the leaves in order, each raveled
         positions = np.concatenate([np.asarray(leaf, model.dtype).reshape(chains, -1)
                                     for leaf in jax.tree.leaves(batched)], axis=1)
+        if model.to_flat is not None:  # the target's own flat positions, sampled in other coordinates
+            positions = np.array(jax.jit(jax.vmap(model.to_flat))(jnp.asarray(positions)))
     else:
         positions = np.array(jittered_positions(seed, jnp.arange(chains, dtype=jnp.uint32),
                                                jnp.asarray(model.centre, model.dtype), model.radius))
