@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run", "scale",
-           "funnel_neck"]
+           "funnel_neck", "laplace_cost"]
 
 
 def _run(module, args, timeout):
@@ -266,3 +266,12 @@ def test_scale_quick_runs_the_driver_on_a_cluster(tmp_path):
             if not psutil.pid_exists(parent):
                 orphans.append(argv[:4])
     assert not orphans, orphans
+
+
+def test_laplace_cost_tiny(tmp_path):
+    """Both models time a plain and a Laplace-whitened ensemble gradient; the whitened one names its latent sites."""
+    out = tmp_path / "cost.json"
+    _run("laplace_cost", ["--chains", 8, "--repeats", 2, "--out", out], 300)
+    runs = {r["model"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["eight_schools_centered"]["latent"] == ["theta"] and runs["brownian"]["latent"] == ["steps"]
+    assert all(r["plain_ms"] > 0 and r["laplace_ms"] > 0 for r in runs.values())
