@@ -79,6 +79,17 @@ def test_a_numpyro_models_hierarchical_sites_are_whitened_and_reported_as_themse
     assert model.dims["theta"] == ["school"]
 
 
+def test_log_likelihoods_and_predictive_draws_are_the_models_at_the_same_point():
+    plain = NumPyroTarget(centred, (SIGMA, Y), log_likelihood=True, predictive=True)
+    whitened = LaplaceTarget(plain, ("theta",)).build()
+    plain = plain.build()
+    x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, plain.dim), plain.dtype)
+    y = whitened.to_flat(x)
+    np.testing.assert_allclose(whitened.log_likelihood_fn(y)["y"], plain.log_likelihood_fn(x)["y"], rtol=1e-4)
+    key = jax.random.PRNGKey(3)
+    np.testing.assert_allclose(whitened.predictive_fn(y, key)["y"], plain.predictive_fn(x, key)["y"], rtol=1e-4)
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda: latent_indices(replace(LogDensityTarget(eight_schools, TEMPLATE).build(), variables={}), ("theta",), "m"),
      ValueError, r"^laplace: the model 'm' does not name its flat variables"),
