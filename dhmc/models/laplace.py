@@ -46,6 +46,10 @@ class LaplaceTarget:
         model = self.inner.build()
         return laplace(model, latent_indices(model, self.latent, self.name))
 
+    def sample_prior(self, draws: int, seed: int) -> tuple[dict, dict]:
+        """The model's prior draws (``prior=``): a change of variables leaves the model as it was."""
+        return self.inner.sample_prior(draws, seed)
+
 
 def latent_indices(model: FlatModel, latent, name: str = "") -> np.ndarray:
     """The flat indices of the variables ``latent`` (names of ``model.variables``), in flat order."""

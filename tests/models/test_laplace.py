@@ -90,6 +90,15 @@ def test_log_likelihoods_and_predictive_draws_are_the_models_at_the_same_point()
     np.testing.assert_allclose(whitened.predictive_fn(y, key)["y"], plain.predictive_fn(x, key)["y"], rtol=1e-4)
 
 
+def test_prior_draws_are_the_models():
+    plain = NumPyroTarget(centred, (SIGMA, Y))
+    prior, predictive = LaplaceTarget(plain, ("theta",)).sample_prior(4, 0)
+    expected, expected_predictive = plain.sample_prior(4, 0)
+    for name in ("mu", "tau", "theta"):
+        np.testing.assert_array_equal(prior[name], expected[name])
+    np.testing.assert_array_equal(predictive["y"], expected_predictive["y"])
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda: latent_indices(replace(LogDensityTarget(eight_schools, TEMPLATE).build(), variables={}), ("theta",), "m"),
      ValueError, r"^laplace: the model 'm' does not name its flat variables"),
