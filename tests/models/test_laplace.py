@@ -1,6 +1,6 @@
 """Laplace reparameterisation (``dhmc.models.laplace``): an exact change of variables that whitens a hierarchy's
-latent variables given its scales, so the centred eight schools and the Brownian motion's double funnel sample
-correctly."""
+latent variables given its scales, so the centred eight schools samples correctly and the Brownian motion's two
+funnels are gone."""
 
 from __future__ import annotations
 
