@@ -101,9 +101,13 @@ def laplace(model: FlatModel, latent: np.ndarray) -> FlatModel:
         mode, factor = whitening(x[given])
         return x.at[latent].set(factor.T @ (x[latent] - mode))
 
-    check_concave(whitening, model, given, latent)
-    to_x = lambda y: to_model(y)[0]
     centre = np.asarray(jax.jit(to_flat)(jnp.asarray(model.centre, model.dtype)))
+    if not np.isfinite(centre).all():  # no Cholesky factor at the start: nothing to whiten with
+        raise ValueError(f"laplace: the log density is not concave in its {latent.size} latent coordinates at the "
+                         "chains' start (its Hessian there is not negative definite), so they cannot be whitened; "
+                         "laplace= suits latent variables whose conditional is Gaussian-like (a hierarchy's "
+                         "effects)")
+    to_x = lambda y: to_model(y)[0]
     return replace(
         model, logdensity_fn=logdensity, constrain_fn=lambda y: model.constrain_fn(to_x(y)), centre=centre,
         log_likelihood_fn=model.log_likelihood_fn and (lambda y: model.log_likelihood_fn(to_x(y))),
@@ -121,14 +125,3 @@ def scaled_cholesky(a):
     ridge = 10 * a.shape[0] * jnp.finfo(a.dtype).eps
     unit = a / jnp.outer(scale, scale) + ridge * jnp.eye(a.shape[0], dtype=a.dtype)
     return scale[:, None] * jnp.linalg.cholesky(unit)
-
-
-def check_concave(whitening, model: FlatModel, given: np.ndarray, latent: np.ndarray) -> None:
-    """One line if the log density is not strictly concave in the latent block at the chains' centre (no Cholesky
-    factor, so no whitening), before any work is sent."""
-    _, factor = jax.jit(whitening)(jnp.asarray(model.centre[given], model.dtype))
-    if not np.isfinite(np.asarray(factor)).all():
-        raise ValueError(f"laplace: the log density is not concave in its {latent.size} latent coordinates at the "
-                         "chains' start (its Hessian there is not negative definite), so they cannot be whitened; "
-                         "laplace= suits latent variables whose conditional is Gaussian-like (a hierarchy's "
-                         "effects)")
