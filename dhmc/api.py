@@ -147,8 +147,9 @@ def sample(
         geometry no step size serves: the centred eight schools takes tens of thousands of gradients a chain
         and stays biased; non-centred, a few hundred (``benchmarks/README.md``).
     laplace
-        Sample the named latent variables (a log density's leaves, a NumPyro model's latent sites; ``True``: a
-        NumPyro model's hierarchical sites, those ``noncentered`` would non-centre) whitened by their conditional
+        Sample the named latent variables (a log density's leaves, a NumPyro model's latent sites, a PyMC model's
+        free variables; ``True``: a NumPyro or PyMC model's hierarchical ones, those ``noncentered`` would
+        non-centre) whitened by their conditional
         mode and curvature given the rest, ``x = m(u) + L(u)^-T z`` (:mod:`dhmc.models.laplace`), ``x`` still
         reported. Where ``x`` is Gaussian given the scales ``u`` every funnel between them is gone, the data's as
         well as the prior's (a Brownian motion's observation noise, which non-centring leaves); exact for any

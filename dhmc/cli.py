@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--noncentered", action="store_true",
                    help="NumPyro and PyMC models: hierarchical normal variables sampled non-centred (mu + tau * z)")
     s.add_argument("--laplace", nargs="?", const=True, default=False, metavar="NAMES",
-                   help="latent variables (comma-separated; none: a NumPyro model's hierarchical sites) sampled "
+                   help="latent variables (comma-separated; none: a NumPyro or PyMC model's hierarchical ones) sampled "
                         "Laplace-whitened given the rest")
     s.add_argument("--out", required=True, help="Zarr store to write")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")

@@ -54,8 +54,8 @@ class LaplaceTarget:
 def latent_indices(model: FlatModel, latent, name: str = "") -> np.ndarray:
     """The flat indices of the variables ``latent`` (names of ``model.variables``), in flat order."""
     if not model.variables:
-        raise ValueError(f"laplace: the model {name!r} does not name its flat variables (a PyMC model?); laplace= "
-                         "takes a JAX log density or a NumPyro model")
+        raise ValueError(f"laplace: the model {name!r} does not name its flat variables; laplace= takes a JAX log "
+                         "density, a NumPyro model or a PyMC model")
     unknown = [v for v in latent if v not in model.variables]
     if unknown:
         raise ValueError(f"laplace names {unknown[0]!r}, which is not a variable of {name!r}; its variables are "

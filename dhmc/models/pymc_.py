@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from dhmc.models.base import FlatModel
+from dhmc.models.base import FlatModel, flat_variables
 
 __all__ = ["PyMCTarget", "pymc_target", "is_pymc_model", "is_bambi_model", "is_model_factory", "pymc_model_of",
            "use_model_precision"]
@@ -243,9 +243,10 @@ class PyMCTarget:
         stored = {*names, *observed, *constant}
         dims = {k: v for k, v in dims.items() if k in stored}
         coords = {k: list(np.asarray(v).tolist()) for k, v in coords.items()}
+        free = [model.values_to_rvs[v].name for v in values]  # each value variable by its free variable's name
         return FlatModel(logdensity, constrain, int(flat.size), flat.dtype, np.asarray(flat), self.radius,
                          observed, dims=dims, coords=coords, log_likelihood_fn=pointwise, predictive_fn=predictive,
-                         constant_data=constant)
+                         constant_data=constant, variables=flat_variables(free, template))
 
     def _initial_point(self) -> dict:
         """The model's initial point on the unconstrained scale, ``init``'s values in place of its own."""

@@ -15,7 +15,7 @@ from dhmc.models.examples import example
 from dhmc.models.laplace import LaplaceTarget
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model, noncentred_sites
-from dhmc.models.pymc_ import is_bambi_model, is_model_factory, is_pymc_model, pymc_target
+from dhmc.models.pymc_ import PyMCTarget, is_bambi_model, is_model_factory, is_pymc_model, pymc_target
 from dhmc.models.reference import ReferenceTarget, bind, import_reference, is_reference
 
 __all__ = ["resolve_target", "with_outputs", "with_laplace", "with_labels", "initial_positions", "evaluate"]
@@ -110,18 +110,25 @@ def with_laplace(target, name: str, laplace, noncentered: bool = False) -> tuple
     """``(target, latent names)``: the target with ``laplace``'s latent variables Laplace-whitened
     (:mod:`dhmc.models.laplace`), or unchanged with ``()`` when ``laplace`` is False, None or empty.
 
-    ``laplace=True`` picks a NumPyro model's hierarchical sites (those ``noncentered=True`` would non-centre); else
-    it names the variables (a log density's leaves, a NumPyro model's latent sites).
+    ``laplace=True`` picks a NumPyro or PyMC model's hierarchical variables (those ``noncentered=True`` would
+    non-centre; a model sent by reference is made here to find them); else it names the variables (a log density's
+    leaves, a NumPyro model's latent sites, a PyMC model's free variables).
     """
     if laplace is None or laplace is False or (not isinstance(laplace, bool | str) and not list(laplace)):
         return target, ()
     if noncentered:
         raise ValueError("laplace= and noncentered=True reparameterise the same hierarchy two ways: choose one")
     if laplace is True:
-        if not isinstance(target, NumPyroTarget):
-            raise ValueError(f"laplace=True picks a NumPyro model's hierarchical sites; {name!r} is not a NumPyro "
-                             "model: name its latent variables (laplace=['x'])")
-        latent = tuple(noncentred_sites(target.model, target.model_args, target.model_kwargs, "laplace=True"))
+        model = target.made(driver=True) if isinstance(target, ReferenceTarget) else target
+        if isinstance(model, NumPyroTarget):
+            latent = tuple(noncentred_sites(model.model, model.model_args, model.model_kwargs, "laplace=True"))
+        elif isinstance(model, PyMCTarget):
+            from dhmc.models.pymc_noncentred import noncentred_variables
+
+            latent = tuple(noncentred_variables(model.model))
+        else:
+            raise ValueError(f"laplace=True picks a NumPyro or PyMC model's hierarchical variables; {name!r} is "
+                             "neither: name its latent variables (laplace=['x'])")
         if not latent:
             raise ValueError(f"laplace=True found no hierarchical site in {name!r} (a normal site whose loc or scale "
                              "depends on another latent site): name its latent variables")

@@ -79,6 +79,26 @@ def test_a_numpyro_models_hierarchical_sites_are_whitened_and_reported_as_themse
     assert model.dims["theta"] == ["school"]
 
 
+def test_a_pymc_models_hierarchy_is_whitened_and_reported_as_itself():
+    """PyMC's flat model names its value variables by their free variables; laplace=True finds theta, and the
+    sampled density at ``y = to_flat(x)`` is PyMC's at ``x`` less the log-determinant of ``to_flat``."""
+    pytest.importorskip("pymc")
+    from dhmc.models.pymc_ import pymc_target
+    from tests.validation.pymc_models import eight_schools_centered
+
+    plain = pymc_target(eight_schools_centered())
+    target, latent = with_laplace(plain, "centred", True)
+    assert latent == ("theta",)
+    model, flat = target.build(), plain.build()
+    assert flat.variables == {"mu": (0, 1), "tau": (1, 2), "theta": (2, 10)}
+    x = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, flat.dim), flat.dtype)
+    y = model.to_flat(x)
+    log_det = jnp.linalg.slogdet(jax.jacfwd(model.to_flat)(x))[1]
+    np.testing.assert_allclose(model.logdensity_fn(y), flat.logdensity_fn(x) - log_det, rtol=1e-10)
+    for name, value in flat.constrain_fn(x).items():
+        np.testing.assert_allclose(model.constrain_fn(y)[name], value, rtol=1e-10, atol=1e-12)
+
+
 def test_log_likelihoods_and_predictive_draws_are_the_models_at_the_same_point():
     plain = NumPyroTarget(centred, (SIGMA, Y), log_likelihood=True, predictive=True)
     whitened = LaplaceTarget(plain, ("theta",)).build()
@@ -105,7 +125,7 @@ def test_prior_draws_are_the_models():
     (lambda: built(("phi",)), ValueError, r"^laplace names 'phi', which is not a variable of ''; its variables are "
                                           r"log_tau, mu, theta$"),
     (lambda: with_laplace(LogDensityTarget(eight_schools, TEMPLATE), "f", True), ValueError,
-     r"^laplace=True picks a NumPyro model's hierarchical sites; 'f' is not a NumPyro model"),
+     r"^laplace=True picks a NumPyro or PyMC model's hierarchical variables; 'f' is neither"),
     (lambda: with_laplace(NumPyroTarget(centred, (SIGMA, Y)), "c", True, noncentered=True), ValueError,
      r"^laplace= and noncentered=True reparameterise the same hierarchy two ways: choose one$"),
     (lambda: with_laplace(LogDensityTarget(eight_schools, TEMPLATE), "f", [1]), TypeError,
@@ -133,6 +153,23 @@ def test_the_centred_eight_schools_is_sampled_correctly(client2):
     for name, values in (("log_tau", np.log(reference["tau"])), ("mu", reference["mu"]),
                          ("theta", reference["theta[1]"])):
         draws = post[name].values if name != "theta" else post["theta"].values[..., 0]
+        within_mc_error(draws, values.mean(), values.std())
+    assert int(tree["sample_stats"]["diverging"].values.sum()) == 0
+
+
+@pytest.mark.slow
+def test_a_pymc_centred_eight_schools_is_sampled_correctly(client2):
+    """The same run from the PyMC model as users write it, its hierarchy found by ``laplace=True``."""
+    pytest.importorskip("pymc")
+    from tests.validation.posteriors import reference_draws
+    from tests.validation.pymc_models import eight_schools_centered
+
+    tree = dhmc.sample(eight_schools_centered(), chains=256, draws="auto", target_ess=400, seed=0, cluster=client2,
+                       progress=False, laplace=True)
+    reference, post = reference_draws("eight_schools-eight_schools_centered"), tree["posterior"]
+    assert post["theta"].dims[-1] == "school"
+    for draws, values in ((np.log(post["tau"].values), np.log(reference["tau"])), (post["mu"].values, reference["mu"]),
+                          (post["theta"].values[..., 0], reference["theta[1]"])):
         within_mc_error(draws, values.mean(), values.std())
     assert int(tree["sample_stats"]["diverging"].values.sum()) == 0
 
