@@ -16,6 +16,7 @@ import dhmc
 from dhmc.models.laplace import LaplaceTarget, latent_indices
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget
+from dhmc.models.reference import by_reference
 from dhmc.models.resolve import initial_positions, with_laplace
 from tests.mc_checks import within_mc_error
 from tests.models.test_numpyro_ import SIGMA, Y, centred
@@ -89,6 +90,7 @@ def test_a_pymc_models_hierarchy_is_whitened_and_reported_as_itself():
     plain = pymc_target(eight_schools_centered())
     target, latent = with_laplace(plain, "centred", True)
     assert latent == ("theta",)
+    assert with_laplace(by_reference("tests.validation.pymc_models:eight_schools_centered"), "r", True)[1] == latent
     model, flat = target.build(), plain.build()
     assert flat.variables == {"mu": (0, 1), "tau": (1, 2), "theta": (2, 10)}
     x = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, flat.dim), flat.dtype)
