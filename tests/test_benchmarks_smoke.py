@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run", "scale",
-           "funnel_neck", "laplace_cost"]
+           "funnel_neck", "laplace_cost", "tail_noise"]
 
 
 def _run(module, args, timeout):
@@ -275,3 +275,14 @@ def test_laplace_cost_tiny(tmp_path):
     runs = {r["model"]: r for r in json.loads(out.read_text())["runs"]}
     assert runs["eight_schools_centered"]["latent"] == ["theta"] and runs["brownian"]["latent"] == ["steps"]
     assert all(r["plain_ms"] > 0 and r["laplace_ms"] > 0 for r in runs.values())
+
+
+def test_tail_noise_tiny(tmp_path):
+    """Both scales' exact marginals: the observation scale's heavy tail (kurtosis far above a normal's 3) and the
+    spread of the sd ratio shrinking with the draws."""
+    out = tmp_path / "noise.json"
+    _run("tail_noise", ["--grid", 0.05, "--repeats", 50, "--draws", "100,10000", "--out", out], 300)
+    runs = {r["scale"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["log_observation"]["kurtosis"] > 10 > runs["log_innovation"]["kurtosis"] > 3
+    spread = [row["sd_ratio_sd"] for row in runs["log_observation"]["draws"]]
+    assert spread[0] > 3 * spread[1]
