@@ -149,12 +149,11 @@ def sample(
     laplace
         Sample the named latent variables (a log density's leaves, a NumPyro model's latent sites, a PyMC model's
         free variables; ``True``: a NumPyro or PyMC model's hierarchical ones, those ``noncentered`` would
-        non-centre) whitened by their conditional
-        mode and curvature given the rest, ``x = m(u) + L(u)^-T z`` (:mod:`dhmc.models.laplace`), ``x`` still
-        reported. Where ``x`` is Gaussian given the scales ``u`` every funnel between them is gone, the data's as
-        well as the prior's (a Brownian motion's observation noise, which non-centring leaves); exact for any
-        model. Each gradient then costs the latent block's Hessian and its Cholesky factor: for tens to a few
-        hundred latent coordinates whose conditional is Gaussian-like.
+        non-centre) whitened by their conditional mode and curvature given the rest, ``x = m(u) + L(u)^-T z``
+        (:mod:`dhmc.models.laplace`), ``x`` still reported. Where ``x`` is Gaussian given the scales ``u`` every
+        funnel between them is gone, the data's as well as the prior's (a Brownian motion's observation noise,
+        which non-centring leaves); exact for any model. Each gradient then costs the latent block's Hessian and
+        its Cholesky factor: for tens to a few hundred latent coordinates whose conditional is Gaussian-like.
     dims, coords
         Names of a variable's axes (``{"theta": ["school"]}``) and a dim's coordinates
         (``{"school": [...]}``), on top of those NumPyro plates give.
