@@ -161,7 +161,8 @@ def sample(
         Keep the warmup's draws too, in a ``warmup_posterior`` group (``(chain, warmup, ...)``).
     adapted_from
         A store whose adapted step size, trajectory length and mass matrix this run takes (its warmup,
-        if any, then only moves the chains).
+        if any, then only moves the chains). Its run must have sampled the same coordinates: as many, and
+        the same ``noncentered`` and ``laplace``.
     observers
         Objects told of the run's events as they happen, beside the progress bar and the dashboard:
         any of the methods of :class:`dhmc.Observer` (``start_run``, ``warmup_block``,
@@ -189,7 +190,7 @@ def sample(
         options["cold_start"] = options["cold_start"] and cold_applies(options["chains"], model.dim)
         params = None
         if adapted_from is not None:
-            options, params = adapted_options(adapted_from, options, model.dim)
+            options, params = adapted_options(adapted_from, options, model.dim, latent, noncentered)
             dense_mass = params["inverse_mass_matrix"].ndim == 2
         layout = layout_for(model, warmup_draws=options["warmup"] if save_warmup else 0)
         geometry = geometry_for(model, layout, chains, options["draws"], chains_per_task, gpu=cluster == "cuda",

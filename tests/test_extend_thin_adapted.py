@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,22 @@ def test_adapted_from_a_store_of_another_size_is_refused(client2, tmp_path):
     dhmc.sample("coin_toss", chains=16, draws=20, warmup=50, store=source, cluster=client2, progress=False)
     with pytest.raises(ValueError, match="mass matrix for 2 dimensions, the model has 10"):
         dhmc.sample("eight_schools", chains=16, draws=20, adapted_from=source, cluster=client2, progress=False)
+
+
+@pytest.mark.slow
+def test_adapted_from_a_run_in_other_coordinates_is_refused(client2, tmp_path):
+    """A metric adapted as written is not one for the Laplace-whitened (or non-centred) coordinates of the same
+    model, though it has as many dimensions."""
+    from tests.models.test_numpyro_ import SIGMA, Y, centred
+
+    source, common = tmp_path / "centred.zarr", dict(model_args=(SIGMA, Y), chains=16, draws=20, cluster=client2,
+                                                     progress=False)
+    dhmc.sample(centred, warmup=50, store=source, **common)
+    for option, theirs in (({"laplace": True}, "laplace=['theta'] and noncentered=False"),
+                           ({"noncentered": True}, "laplace=[] and noncentered=True")):
+        with pytest.raises(ValueError, match=re.escape(f"was adapted with laplace=[] and noncentered=False, this run "
+                                                       f"has {theirs}: its mass matrix is in other coordinates")):
+            dhmc.sample(centred, adapted_from=source, **common, **option)
 
 
 # Slow: the quick suite keeps the warmup draws of an automatic warmup, into a store, in the next test.

@@ -57,7 +57,7 @@ def _compare_with_fixed_lengths(cov, dense, client, tmp_path):
                         cluster=client, store=store, progress=False, seed=3)
     steps = trace["sample_stats"]["n_steps"].values[0]
     adapted = _efficiency(trace["posterior"]["x"].values, int(steps.sum()))
-    params = adapted_params(store)
+    params, _ = adapted_params(store)
     scale = np.sqrt(_whitened_top_variance(cov, params["inverse_mass_matrix"]))
     run = jax.jit(sample_chunk(lambda x: -0.5 * x @ precision @ x, KernelConfig(), DRAWS))
     keys = chain_keys(3, jnp.arange(CHAINS, dtype=jnp.uint32))

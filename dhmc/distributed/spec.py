@@ -139,17 +139,24 @@ def check_options(*, chains, draws, warmup, kernel, step_size, num_steps, trajec
                 cold_start=max_warmup is not None and bool(adapt))
 
 
-def adapted_options(path, options: dict, dim: int) -> tuple[dict, dict]:
+def adapted_options(path, options: dict, dim: int, laplace=(), noncentered: bool = False) -> tuple[dict, dict]:
     """``(options, params)`` of a run that starts from the adapted parameters of the store at ``path``.
 
-    Its warmup (if any) only moves the chains: no adaptation; the mass matrix is dense if the store's is.
+    Its warmup (if any) only moves the chains: no adaptation; the mass matrix is dense if the store's is. The store's
+    run must have sampled the same coordinates: as many dimensions, the same ``laplace`` names and ``noncentered``.
     """
     from dhmc.storage import zarr_
 
-    params = zarr_.adapted_params(path)
+    params, source = zarr_.adapted_params(path)
     if params["inverse_mass_matrix"].shape[0] != dim:
         raise ValueError(f"adapted_from={str(path)!r} holds a mass matrix for {params['inverse_mass_matrix'].shape[0]} "
                          f"dimensions, the model has {dim}")
+    theirs = (list(source.get("laplace") or ()), bool(source.get("noncentered")))
+    if theirs != (list(laplace), bool(noncentered)):
+        raise ValueError(f"adapted_from={str(path)!r} was adapted with laplace={theirs[0]} and "
+                         f"noncentered={theirs[1]}, this run has laplace={list(laplace)} and "
+                         f"noncentered={bool(noncentered)}: its mass matrix is in other coordinates; give the same "
+                         "options")
     step, length = float(params["step_size"]), float(params["trajectory_length"])
     options = dict(options, adapt=False, cold_start=False, step_size=step,
                    trajectory_length=length if length > 0 else None)

@@ -189,12 +189,14 @@ def save_warmup(root: zarr.Group, positions: np.ndarray, params: dict, history: 
                        "dhmc_warmup": json.dumps(history)})  # JSON text, as in a finished run's attrs
 
 
-def adapted_params(path) -> dict:
-    """A finished warmup's step size, trajectory length and inverse mass matrix, from a store."""
+def adapted_params(path) -> tuple[dict, dict]:
+    """A finished warmup's step size, trajectory length and inverse mass matrix, from a store; and the run spec it
+    was adapted under (a dict, as stored)."""
     root, _ = open_store(path)
     if "dhmc_params" not in root.attrs:
         raise StoreError(f"the run in {path} has not finished its warmup: nothing adapted to take from it")
-    return {k: np.asarray(v) for k, v in root.attrs["dhmc_params"].items()}
+    spec = json.loads(root.attrs.get("dhmc_run_spec", "{}"))
+    return {k: np.asarray(v) for k, v in root.attrs["dhmc_params"].items()}, spec
 
 
 def save_initial_params(root: zarr.Group, params: dict) -> None:
