@@ -4,7 +4,8 @@
 #     (vectorized), logistic regression N=1000 D=10, 2^10 and 2^14 chains (GPU_CHAINS for others), 190 s at most;
 #  2. many_chains.py at 4096 chains: sequential gradients per chain to ESS 400 / R-hat 1.01, b^2 and seconds for
 #     dhmc, BlackJAX LAPS, ChEES, MEADS on arK and the rotated 100-D Gaussian (GPU_MC_PROBLEMS, GPU_MC_SAMPLERS;
-#     NumPyro NUTS's gradient counts do not depend on the device: its CPU row serves), 240 s at most.
+#     NumPyro NUTS's gradient counts do not depend on the device: its CPU row serves), 240 s at most;
+#  3. what laplace= costs per ensemble gradient on the GPU (laplace_cost.py, 4096 chains), 45 s at most.
 # Ends within 8 minutes; results are written after each measurement, so a run cut short keeps what it finished.
 #
 # Here first (the GPU machine cannot reach a registry):   bash benchmarks/fetch_wheels.sh   (fills .whl/)
@@ -14,7 +15,7 @@
 # dhmc runs on dask-cuda's LocalCUDACluster (cluster="cuda") when dask_cuda imports, else on a 1-worker
 # distributed.LocalCluster (one GPU), with the whole ensemble in one block (chains_per_task = chains).
 # Output: $OUT (or benchmarks/results/gpu/): many_chains_gpu.json, many_chains_peers_gpu.json, throughput_gpu.json,
-# their logs, nvidia-smi.txt.
+# laplace_cost_gpu.json, their logs, nvidia-smi.txt.
 set -u
 cd "$(dirname "$(readlink -f "$0")")/.."
 OUT=${OUT:-benchmarks/results/gpu}
@@ -39,20 +40,25 @@ python3 -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else '
 set -o pipefail
 # 1. many short chains, dhmc's defaults at 4096 chains (one block on the GPU), every problem, most telling first
 timeout 230 python3 -m benchmarks.many_chains --gpu --chains "${GPU_MC_CHAINS:-4096}" --samplers dhmc \
-  --problems "${GPU_MC_PROBLEMS:-gauss100_rot,arK,kidiq,eight_schools_noncentered,sblrc,low_dim_gauss_mix,funnel,eight_schools_centered}" \
+  --problems "${GPU_MC_PROBLEMS:-gauss100_rot,arK,kidiq,eight_schools_noncentered,sblrc,low_dim_gauss_mix,funnel,eight_schools_centered,eight_schools-eight_schools_centered:laplace}" \
   --timeout 100 --out "$OUT/many_chains_gpu.json" 2>&1 | tee "$OUT/many_chains.log"
 rc1=$?
 [ $rc1 -eq 124 ] && echo "gpu.sh: dhmc's many-chains stage stopped at its 230 s limit; the JSON holds what finished"
 # 2. the ensemble peers at the same size (NUTS's gradient counts do not depend on the device: its CPU row serves)
-timeout 150 python3 -m benchmarks.many_chains --gpu --chains "${GPU_MC_CHAINS:-4096}" \
+timeout 120 python3 -m benchmarks.many_chains --gpu --chains "${GPU_MC_CHAINS:-4096}" \
   --samplers "${GPU_MC_SAMPLERS:-chees,laps,meads}" --problems "${GPU_PEER_PROBLEMS:-arK,kidiq,gauss100_rot}" \
   --timeout 70 --out "$OUT/many_chains_peers_gpu.json" 2>&1 | tee "$OUT/many_chains_peers.log"
 rc2=$?
-[ $rc2 -eq 124 ] && echo "gpu.sh: the peers' stage stopped at its 150 s limit; the JSON holds what finished"
+[ $rc2 -eq 124 ] && echo "gpu.sh: the peers' stage stopped at its 120 s limit; the JSON holds what finished"
 # 3. throughput of fixed-step HMC (logistic regression N=1000 D=10), dhmc vs the hand-written floor
 timeout 80 python3 -m benchmarks.throughput --gpu --targets logistic --chains "${GPU_CHAINS:-4096,65536}" \
   --draws "${GPU_DRAWS:-200}" --methods "${GPU_METHODS:-dhmc,floor}" --timeout 60 --out "$OUT/throughput_gpu.json" \
   2>&1 | tee "$OUT/gpu.log"
 rc3=$?
 [ $rc3 -eq 124 ] && echo "gpu.sh: throughput stopped at its 80 s limit; the JSON holds what finished"
-exit $(( rc1 > 0 ? rc1 : rc2 > 0 ? rc2 : rc3 ))
+# 4. laplace='s price per ensemble gradient, where the Hessian's products run side by side
+timeout 45 python3 -m benchmarks.laplace_cost --chains "${GPU_MC_CHAINS:-4096}" --repeats 5 \
+  --out "$OUT/laplace_cost_gpu.json" 2>&1 | tee "$OUT/laplace_cost.log"
+rc4=$?
+[ $rc4 -eq 124 ] && echo "gpu.sh: laplace_cost stopped at its 45 s limit"
+exit $(( rc1 > 0 ? rc1 : rc2 > 0 ? rc2 : rc3 > 0 ? rc3 : rc4 ))
