@@ -74,7 +74,7 @@ def test_summary_reports_diagnostics(good_store):
     (["sample", "coin_toss", "--chains-per-task", "0"], "chains_per_task"),
     (["sample", "coin_toss", "--target-accept", "1.5"], "target_accept"),
     (["sample", "coin_toss", "--laplace", "nope"], "laplace names 'nope'"),
-    (["sample", "coin_toss", "--laplace"], "laplace=True picks a NumPyro model"),
+    (["sample", "coin_toss", "--laplace"], "laplace=True found no hierarchical site in 'coin_toss'"),
     pytest.param(["sample", "coin_toss", "--cluster", "tcp://127.0.0.1:1"], "127.0.0.1:1", marks=pytest.mark.slow),
     pytest.param(["sample", "coin_toss", "--cluster", "nonsense"], "cluster", marks=pytest.mark.slow),
 ])

@@ -12,7 +12,7 @@ from dhmc.models.base import FlatModel
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget
 
-__all__ = ["EXAMPLES", "DESCRIPTIONS", "example", "coin_toss_model", "harmonic_oscillator_logdensity",
+__all__ = ["EXAMPLES", "DESCRIPTIONS", "Labelled", "example", "coin_toss_model", "harmonic_oscillator_logdensity",
            "gaussian_2d_logdensity", "linear_acceleration_data", "linear_acceleration_model", "eight_schools_model"]
 
 
@@ -77,7 +77,7 @@ def eight_schools_model(sigma, y=None):
         numpyro.sample("obs", dist.Normal(theta, sigma), obs=y)
 
 
-class _Labelled:
+class Labelled:
     """Wrap a target so that its flat model carries dims and coordinates for the posterior."""
 
     def __init__(self, target, dims, coords):
@@ -87,25 +87,25 @@ class _Labelled:
         model = self.target.build()
         return replace(model, dims={**model.dims, **self.dims}, coords={**model.coords, **self.coords})
 
-    def with_outputs(self, **outputs) -> _Labelled:
-        return _Labelled(self.target.with_outputs(**outputs), self.dims, self.coords)
+    def with_outputs(self, **outputs) -> Labelled:
+        return Labelled(self.target.with_outputs(**outputs), self.dims, self.coords)
 
     def sample_prior(self, draws: int, seed: int):
         return self.target.sample_prior(draws, seed)
 
 
 def _coin_toss():
-    return _Labelled(NumPyroTarget(coin_toss_model, name="coin_toss"), {"p": ["coin"]}, {"coin": [0, 1]})
+    return Labelled(NumPyroTarget(coin_toss_model, name="coin_toss"), {"p": ["coin"]}, {"coin": [0, 1]})
 
 
 def _harmonic_oscillator():
     target = LogDensityTarget(harmonic_oscillator_logdensity, {"x": np.zeros(2)}, 2.0, "harmonic_oscillator")
-    return _Labelled(target, {"x": ["oscillator"]}, {"oscillator": [0, 1]})
+    return Labelled(target, {"x": ["oscillator"]}, {"oscillator": [0, 1]})
 
 
 def _gaussian_2d():
     target = LogDensityTarget(gaussian_2d_logdensity, {"x": np.zeros(2)}, 2.0, "gaussian_2d")
-    return _Labelled(target, {"x": ["axis"]}, {"axis": ["x1", "x2"]})
+    return Labelled(target, {"x": ["axis"]}, {"axis": ["x1", "x2"]})
 
 
 def _linear_acceleration():
@@ -116,7 +116,7 @@ def _linear_acceleration():
 def _eight_schools():
     target = NumPyroTarget(eight_schools_model, (jnp.asarray(EIGHT_SCHOOLS_SIGMA), jnp.asarray(EIGHT_SCHOOLS_Y)),
                            name="eight_schools")
-    return _Labelled(target, {"theta_tilde": ["school"], "theta": ["school"], "obs": ["school"]},
+    return Labelled(target, {"theta_tilde": ["school"], "theta": ["school"], "obs": ["school"]},
                      {"school": list(range(8))})
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from dhmc.core.ensemble import initial_positions as jittered_positions
 from dhmc.errors import one_line
 from dhmc.models.base import TRACING, FlatModel
-from dhmc.models.examples import example
+from dhmc.models.examples import Labelled, example
 from dhmc.models.laplace import LaplaceTarget
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model, noncentred_sites
@@ -120,6 +120,7 @@ def with_laplace(target, name: str, laplace, noncentered: bool = False) -> tuple
         raise ValueError("laplace= and noncentered=True reparameterise the same hierarchy two ways: choose one")
     if laplace is True:
         model = target.made(driver=True) if isinstance(target, ReferenceTarget) else target
+        model = model.target if isinstance(model, Labelled) else model  # a built-in example: its model
         if isinstance(model, NumPyroTarget):
             latent = tuple(noncentred_sites(model.model, model.model_args, model.model_kwargs, "laplace=True"))
         elif isinstance(model, PyMCTarget):
