@@ -40,8 +40,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, write_json
-from benchmarks.machine import machine
+from benchmarks.harness import RESULTS, write_runs
 
 PROBLEMS = ("eight_schools_centered", "brownian", "brownian_noncentered")
 RULES = ("harmonic", "arithmetic", "levels", "selected")
@@ -281,9 +280,7 @@ def main(argv=None) -> int:
                  f"{', '.join(RULES)}")
     t = time.perf_counter()
     runs = [run(name, args) for name in args.problems]
-    write_json(args.out, {"benchmark": "funnel_neck", "machine": machine(), "settings": vars(args),
-                          "wall_s": time.perf_counter() - t, "runs": runs})
-    print(f"wrote {args.out}")
+    write_runs(args.out, "funnel_neck", args, t, runs)
     return 0
 
 

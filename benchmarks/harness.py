@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["REPO", "RESULTS", "write_json", "table", "run_child", "parse_args_or_run_child", "report_errors",
+__all__ = ["REPO", "RESULTS", "write_json", "write_runs", "table", "run_child", "parse_args_or_run_child", "report_errors",
            "finish", "timed", "recording_convergence"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +31,16 @@ def write_json(path: str | Path, payload: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
     return path
+
+
+def write_runs(path: str | Path, benchmark: str, args: argparse.Namespace, started: float, runs: list) -> None:
+    """Write a one-process benchmark's record (its machine, settings, seconds since ``started`` and ``runs``) and say
+    where."""
+    from benchmarks.machine import machine
+
+    write_json(path, {"benchmark": benchmark, "machine": machine(), "settings": vars(args),
+                      "wall_s": time.perf_counter() - started, "runs": runs})
+    print(f"wrote {path}")
 
 
 def _jsonable(x):

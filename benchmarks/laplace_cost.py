@@ -18,8 +18,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.harness import RESULTS, write_json
-from benchmarks.machine import machine
+from benchmarks.harness import RESULTS, write_runs
 
 MODELS = ("eight_schools_centered", "brownian")
 
@@ -86,9 +85,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown model {unknown[0]}; models: {', '.join(MODELS)}")
     t = time.perf_counter()
     runs = [run(name, args.chains, args.repeats) for name in args.models]
-    write_json(args.out, {"benchmark": "laplace_cost", "machine": machine(), "settings": vars(args),
-                          "wall_s": time.perf_counter() - t, "runs": runs})
-    print(f"wrote {args.out}")
+    write_runs(args.out, "laplace_cost", args, t, runs)
     return 0
 
 

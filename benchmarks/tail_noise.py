@@ -18,8 +18,7 @@ import argparse
 import sys
 import time
 
-from benchmarks.harness import RESULTS, write_json
-from benchmarks.machine import machine
+from benchmarks.harness import RESULTS, write_runs
 
 SCALES = ("log_innovation", "log_observation")
 
@@ -76,9 +75,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t = time.perf_counter()
     runs = [run(name, args.draws, args.repeats, args.grid, args.seed) for name in SCALES]
-    write_json(args.out, {"benchmark": "tail_noise", "machine": machine(), "settings": vars(args),
-                          "wall_s": time.perf_counter() - t, "runs": runs})
-    print(f"wrote {args.out}")
+    write_runs(args.out, "tail_noise", args, t, runs)
     return 0
 
 
