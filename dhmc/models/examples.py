@@ -117,7 +117,7 @@ def _eight_schools():
     target = NumPyroTarget(eight_schools_model, (jnp.asarray(EIGHT_SCHOOLS_SIGMA), jnp.asarray(EIGHT_SCHOOLS_Y)),
                            name="eight_schools")
     return Labelled(target, {"theta_tilde": ["school"], "theta": ["school"], "obs": ["school"]},
-                     {"school": list(range(8))})
+                    {"school": list(range(8))})
 
 
 EXAMPLES: dict[str, Callable] = {
