@@ -94,7 +94,7 @@ def test_dims_for_a_log_density(client2):
     (dict(dims={"x": ["a"]}, coords={"a": [1, 2]}), "coords for 'a' have 2 values"),
     (dict(dims={"x": ["draw"]}), "'draw', which dhmc names itself"),
     (dict(dims=["x"]), "dims must be a dict"),
-    (dict(log_likelihood=True), "log_likelihood=True needs a NumPyro model"),
+    (dict(log_likelihood=True), "log_likelihood=True needs a NumPyro or PyMC model"),
 ])
 def test_bad_labels_are_one_line_errors_before_any_cluster(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -157,9 +157,9 @@ def test_posterior_predictive_and_prior_groups(client2, tmp_path):
     assert np.isfinite(longer["posterior_predictive"]["obs"].values).all()
 
 
-def test_predictive_and_prior_need_a_numpyro_model():
+def test_predictive_and_prior_need_a_numpyro_or_pymc_model():
     for kwargs in (dict(predictive=True), dict(prior=10)):
-        with pytest.raises(ValueError, match="needs a NumPyro model"):
+        with pytest.raises(ValueError, match=r"(predictive=True|prior=10) needs a NumPyro or PyMC model"):
             dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(3)}, chains=4, draws=5, warmup=5,
                         cluster="tcp://127.0.0.1:1", progress=False, **kwargs)
     with pytest.raises(ValueError, match="prior must be a non-negative integer"):

@@ -91,18 +91,18 @@ def with_outputs(target, name: str, log_likelihood: bool = False, predictive: bo
     """The target whose flat model also gives pointwise log-likelihoods and/or predictive draws, and samples its
     hierarchy non-centred (``noncentered``).
 
-    Those need a NumPyro model: a log density does not say which of its terms is the likelihood, nor how to
+    Those need a NumPyro or PyMC model: a log density does not say which of its terms is the likelihood, nor how to
     draw data, nor how it was parameterised.
     """
     if not (log_likelihood or predictive or prior or noncentered):
         return target
-    if not hasattr(target, "with_outputs"):
+    if not hasattr(_innermost(target), "with_outputs"):
         if noncentered:
-            raise ValueError(f"noncentered=True needs a NumPyro model; {name!r} is a log density, whose "
+            raise ValueError(f"noncentered=True needs a NumPyro or PyMC model; {name!r} is a log density, whose "
                              "parameterisation dhmc cannot change: write its hierarchy non-centred")
-        asked = "log_likelihood=True" if log_likelihood else "predictive=True" if predictive else "prior"
-        raise ValueError(f"{asked} needs a NumPyro model with observed sites; {name!r} is a log density, whose "
-                         "likelihood and data dhmc cannot tell from its prior")
+        asked = "log_likelihood=True" if log_likelihood else "predictive=True" if predictive else f"prior={prior}"
+        raise ValueError(f"{asked} needs a NumPyro or PyMC model with observed variables; {name!r} is a log "
+                         "density, whose likelihood and data dhmc cannot tell from its prior")
     return target.with_outputs(log_likelihood=log_likelihood, predictive=predictive, noncentered=noncentered)
 
 
@@ -119,8 +119,7 @@ def with_laplace(target, name: str, laplace, noncentered: bool = False) -> tuple
     if noncentered:
         raise ValueError("laplace= and noncentered=True reparameterise the same hierarchy two ways: choose one")
     if laplace is True:
-        model = target.made(driver=True) if isinstance(target, ReferenceTarget) else target
-        model = model.target if isinstance(model, Labelled) else model  # a built-in example: its model
+        model = _innermost(target)
         if isinstance(model, NumPyroTarget):
             latent = tuple(noncentred_sites(model.model, model.model_args, model.model_kwargs, "laplace=True"))
         elif isinstance(model, PyMCTarget):
@@ -138,6 +137,13 @@ def with_laplace(target, name: str, laplace, noncentered: bool = False) -> tuple
         if not all(isinstance(v, str) for v in latent):
             raise TypeError(f"laplace must be True or the names of latent variables, got {laplace!r}")
     return LaplaceTarget(target, latent), latent
+
+
+def _innermost(target):
+    """The model a wrapper stands for: a built-in example's, or the one a target by reference makes here."""
+    while isinstance(target, ReferenceTarget | Labelled):
+        target = target.made(driver=True) if isinstance(target, ReferenceTarget) else target.target
+    return target
 
 
 def with_labels(model: FlatModel, dims, coords) -> FlatModel:

@@ -44,8 +44,8 @@ def test_the_non_centred_model_reports_the_site_and_its_standard_normal():
     assert model.dims["theta"] == ["school"] and model.dims["theta_decentered"] == ["school"]
 
 
-def test_noncentered_needs_a_numpyro_model_and_says_so_before_any_work():
-    with pytest.raises(ValueError, match=r"noncentered=True needs a NumPyro model; .* is a log density"):
+def test_noncentered_needs_a_model_and_says_so_before_any_work():
+    with pytest.raises(ValueError, match=r"noncentered=True needs a NumPyro or PyMC model; .* is a log density"):
         dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, noncentered=True,
                     cluster="tcp://127.0.0.1:1")  # never reached
 
