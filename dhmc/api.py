@@ -109,7 +109,8 @@ def sample(
         microcanonical dynamics, same adaptation; needs two or more dimensions) or ``"hmc"`` (fixed steps).
     step_size, num_steps, trajectory_length
         Fixed HMC settings; ``trajectory_length = step_size * num_steps``. With ``adapt=True`` a given
-        ``step_size`` is only the starting point.
+        ``step_size`` is only the starting point. ``kernel="hmc"`` with neither ``num_steps`` nor
+        ``trajectory_length`` takes 10 steps a draw.
     adapt, dense_mass, target_accept
         Adapt step size, trajectory length and a diagonal (or dense) inverse mass matrix during warmup,
         steering the ensemble's harmonic-mean acceptance to ``target_accept`` (default 0.8; 0.9 for MAMS).
@@ -158,7 +159,7 @@ def sample(
         Names of a variable's axes (``{"theta": ["school"]}``) and a dim's coordinates
         (``{"school": [...]}``), on top of those NumPyro plates give.
     save_warmup
-        Keep the warmup's draws too, in a ``warmup_posterior`` group (``(chain, warmup, ...)``).
+        Keep the warmup's draws too, in a ``warmup_posterior`` group (``(chain, draw, ...)``, as ArviZ names it).
     adapted_from
         A store whose adapted step size, trajectory length and mass matrix this run takes (its warmup,
         if any, then only moves the chains). Its run must have sampled the same coordinates: as many, and

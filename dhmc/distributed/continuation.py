@@ -54,8 +54,9 @@ def continued_run(path, *, target=None, init=None, model_args=(), model_kwargs=N
         kept = zarr_.load_inputs(root)
         model_kwargs, init = model_kwargs or kept["model_kwargs"], init if init is not None else kept["init"] or None
     elif target is None and spec.model.startswith("python:"):
+        call = f"dhmc.extend(path, {more_draws}, " if more_draws is not None else "dhmc.resume(path, "
         raise ValueError(f"the run in {path} sampled the Python function {spec.model[7:]!r}; give it again: "
-                         "dhmc.resume(path, target=<the same function>, init=<the same init>)")
+                         f"{call}target=<the same function>, init=<the same init>)")
     if confirmed and spec.by_reference:  # the workers import and call it, as the run did
         from dhmc.models.reference import by_reference
 

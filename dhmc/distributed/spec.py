@@ -151,12 +151,11 @@ def adapted_options(path, options: dict, dim: int, laplace=(), noncentered: bool
     if params["inverse_mass_matrix"].shape[0] != dim:
         raise ValueError(f"adapted_from={str(path)!r} holds a mass matrix for {params['inverse_mass_matrix'].shape[0]} "
                          f"dimensions, the model has {dim}")
-    theirs = (list(source.get("laplace") or ()), bool(source.get("noncentered")))
-    if theirs != (list(laplace), bool(noncentered)):
-        raise ValueError(f"adapted_from={str(path)!r} was adapted with laplace={theirs[0]} and "
-                         f"noncentered={theirs[1]}, this run has laplace={list(laplace)} and "
-                         f"noncentered={bool(noncentered)}: its mass matrix is in other coordinates; give the same "
-                         "options")
+    theirs = f"laplace={list(source.get('laplace') or ()) or False} and noncentered={bool(source.get('noncentered'))}"
+    ours = f"laplace={list(laplace) or False} and noncentered={bool(noncentered)}"
+    if theirs != ours:
+        raise ValueError(f"adapted_from={str(path)!r} was adapted with {theirs}, this run has {ours}: its mass matrix "
+                         "is in other coordinates; give the same options")
     step, length = float(params["step_size"]), float(params["trajectory_length"])
     options = dict(options, adapt=False, cold_start=False, step_size=step,
                    trajectory_length=length if length > 0 else None)

@@ -84,6 +84,8 @@ class NumPyroTarget:
         strategy = self._init_strategy()
         model = self.sampled_model()
         args, kwargs = self.model_args, self.model_kwargs
+        if isinstance(self.init, dict):
+            _check_init_shapes(model, args, kwargs, self.init)
         seen = {}
 
         def start(key):
@@ -173,6 +175,26 @@ class NumPyroTarget:
             return self.init
         raise TypeError(f"init for a NumPyro model must be a dict of site values or a NumPyro init strategy "
                         f"(init_to_median(), init_to_value(values=...)), got {type(self.init).__name__}")
+
+
+def _check_init_shapes(model, args, kwargs, init: dict) -> None:
+    """Refuse an ``init`` value of another shape than its site's: NumPyro's ``init_to_value`` would start the site
+    at that shape and the model would be sampled with it (a scalar ``theta`` shared by every school)."""
+    from numpyro import handlers
+
+    def latent(key):
+        trace = handlers.trace(handlers.seed(model, key)).get_trace(*args, **kwargs)
+        return {name: site["value"] for name, site in trace.items()
+                if site["type"] == "sample" and not site["is_observed"]}
+
+    try:
+        shapes = jax.eval_shape(latent, jax.random.PRNGKey(0))
+    except Exception:  # noqa: BLE001 - a site NumPyro cannot draw (an improper prior): NumPyro's own start checks
+        return
+    for name, value in init.items():
+        if name in shapes and tuple(np.shape(value)) != tuple(shapes[name].shape):
+            raise ValueError(f"init for {name!r} has shape {np.shape(value)}, the site has shape "
+                             f"{tuple(shapes[name].shape)}")
 
 
 PRIOR_STREAM = 2**32 - 2  # keys of prior draws: fold_in data no kernel iteration reaches

@@ -166,7 +166,7 @@ class PyMCTarget:
 
     def check(self) -> None:
         """Refuse, in one line naming the variable, a model dhmc cannot sample: a discrete free variable,
-        no free variable, an ``init`` naming no free variable."""
+        no free variable, an ``init`` naming no free variable or of another shape than its variable's."""
         model = self.model
         if not model.free_RVs:
             raise ValueError(f"the PyMC model {self.name!r} has no free variables to sample")
@@ -183,6 +183,12 @@ class PyMCTarget:
             if key not in names:
                 raise ValueError(f"init names {key!r}, which is not a free variable of the PyMC model; its free "
                                  f"variables are {', '.join(sorted(names))}")
+        if self.init:
+            shapes = model.eval_rv_shapes()
+            for key, value in self.init.items():
+                want = tuple(int(n) for n in shapes[key])
+                if tuple(np.shape(value)) != want:
+                    raise ValueError(f"init for {key!r} has shape {np.shape(value)}, the variable has shape {want}")
 
     def sample_prior(self, draws: int, seed: int) -> tuple[dict, dict]:
         """``(prior, prior_predictive)``: ``draws`` draws of the free variables and deterministics and of the

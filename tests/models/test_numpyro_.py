@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -65,6 +67,16 @@ def test_sites_loc_scale_reparam_cannot_rebuild_stay_centred():
 def test_an_init_naming_a_non_centred_site_says_what_to_give_instead():
     with pytest.raises(ValueError, match=r"init names 'theta', which noncentered=True samples as theta_decentered"):
         NumPyroTarget(centred, (SIGMA, Y), noncentered=True, init={"theta": np.zeros(8)}).build()
+
+
+@pytest.mark.parametrize("value", [0.0, np.zeros(1), np.zeros((2, 8))], ids=["scalar", "one", "two-d"])
+def test_an_init_of_another_shape_than_its_site_is_refused_not_sampled(value):
+    """NumPyro's init_to_value starts a site at whatever shape it is given, and the model is then sampled with it: a
+    scalar theta was one effect shared by the eight schools, silently."""
+    with pytest.raises(ValueError, match=rf"init for 'theta' has shape {re.escape(str(np.shape(value)))}, the site "
+                                         r"has shape \(8,\)"):
+        NumPyroTarget(centred, (SIGMA, Y), init={"theta": value}).build()
+    assert NumPyroTarget(centred, (SIGMA, Y), init={"theta": np.zeros(8), "mu": 1.0}).build().dim == 10
 
 
 def test_numpyro_models_sampled_from_two_threads_at_once_give_their_solo_draws(client2):

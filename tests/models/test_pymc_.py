@@ -93,6 +93,16 @@ def test_options_for_numpyro_models_only_are_refused_for_a_pymc_model():
         dhmc.sample(schools(), init={"nope": 1.0}, chains=4, draws=10, progress=False, cluster=NOWHERE)
 
 
+@pytest.mark.parametrize(("init", "message"), [
+    ({"theta_trans": np.zeros(3)}, r"init for 'theta_trans' has shape \(3,\), the variable has shape \(8,\)"),
+    ({"theta_trans": 0.0}, r"init for 'theta_trans' has shape \(\), the variable has shape \(8,\)"),
+    ({"tau": np.ones(1)}, r"init for 'tau' has shape \(1,\), the variable has shape \(\)"),
+])
+def test_an_init_of_another_shape_than_its_variable_is_one_line_before_any_cluster(init, message):
+    with pytest.raises(ValueError, match=message):
+        dhmc.sample(schools(), init=init, chains=4, draws=10, progress=False, cluster=NOWHERE)
+
+
 def _layout(tree) -> dict:
     """Per group: each variable's dims, and each dim's coordinates (as strings)."""
     out = {}
