@@ -1,8 +1,9 @@
 """How fast dhmc's HMC transition refills a funnel's neck, under three rules for the chains' step sizes.
 
 The posteriors dhmc still gets wrong (``many_chains.py``: the centred eight schools as a bare log density, the
-Brownian motion in both forms) are funnels: a scale parameter whose small values squeeze the other coordinates
-into a neck a few percent of the mass wide. This script isolates the kernel from warmup: it starts ``--chains``
+Brownian motion in every form) are funnels: a scale parameter whose small values squeeze the other coordinates
+into a neck a few percent of the mass wide (``brownian_laplace``: what ``laplace=True`` leaves, the two log scales'
+L-shaped marginal beside 30 standard normals, the observation scale watched). This script isolates the kernel from warmup: it starts ``--chains``
 chains from the exact (or reference) posterior with the neck removed (every chain whose watched coordinate lies
 below its ``--cut`` quantile replaced by one above it), fixes a diagonal metric (the posterior's variances) and a
 trajectory length (``--length``, in those units, jittered ``u T`` as dhmc's), and runs the transition of
@@ -42,7 +43,7 @@ import numpy as np
 
 from benchmarks.harness import RESULTS, write_runs
 
-PROBLEMS = ("eight_schools_centered", "brownian", "brownian_noncentered")
+PROBLEMS = ("eight_schools_centered", "brownian", "brownian_noncentered", "brownian_laplace")
 RULES = ("harmonic", "arithmetic", "levels", "selected")
 THRESHOLDS = (0.3, 3.0)  # the selected rule's one-step energy change allowed, drawn log-uniformly between
 QUANTILES = (0.01, 0.05)
@@ -102,10 +103,40 @@ def brownian(rng, n, noncentered=False):
     return logdensity, np.column_stack([li, lo, innovations]), {"log_observation": 1}
 
 
+def brownian_laplace(rng, n):
+    """What ``laplace=True`` samples for the Brownian motion, ``(log_observation, log_innovation, z[30])``: the log
+    scales' marginal posterior (the Gaussian marginal likelihood of the observations) times a standard normal ``z``,
+    which the positions whitened by their (Gaussian) conditional are exactly; exact draws from
+    :func:`~benchmarks.laps_targets.brownian_grid` and ``z ~ N(0, I)``."""
+    import jax.numpy as jnp
+
+    from benchmarks.laps_targets import BROWNIAN_STEPS, brownian_data, brownian_grid
+
+    h = 0.01
+    grid = brownian_grid(h)
+    pick = rng.choice(grid["weights"].size, n, p=grid["weights"].ravel())
+    li = grid["log_innovation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
+    lo = grid["log_observation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
+    observed = np.flatnonzero(brownian_data()[1])
+    lam = jnp.asarray(np.linalg.eigvalsh(grid["covariance"][np.ix_(observed, observed)]))  # brownian_grid's order
+    y_rot = jnp.asarray(grid["rotated"])
+
+    def logdensity(z):
+        lo, li, white = z[0], z[1], z[2:]
+        d = jnp.exp(2 * li) * lam.astype(z.dtype) + jnp.exp(2 * lo)
+        return (-li**2 / 8 - lo**2 / 8 - 0.5 * jnp.sum(jnp.log(d)) - 0.5 * jnp.sum(y_rot.astype(z.dtype) ** 2 / d)
+                - 0.5 * jnp.sum(white**2))
+
+    return logdensity, np.column_stack([lo, li, rng.standard_normal((n, BROWNIAN_STEPS))]), \
+        {"log_observation": 0, "log_innovation": 1}
+
+
 def target(name: str, rng, n: int):
     """``(logdensity of a flat vector, exact draws (n, d), {watched name: column})``."""
     if name == "eight_schools_centered":
         return eight_schools_centered(rng, n)
+    if name == "brownian_laplace":
+        return brownian_laplace(rng, n)
     return brownian(rng, n, noncentered=name == "brownian_noncentered")
 
 

@@ -140,6 +140,30 @@ def test_funnel_neck_tiny(tmp_path):
         assert rule["checkpoints"][0]["log_tau"]["q01_gap"] > 0
 
 
+def test_funnel_neck_brownian_laplace_samples_the_scales_exact_marginal(tmp_path):
+    """The laplace form's density differs from brownian_grid's quadrature by a constant on the scales (and by the
+    standard normal in z), and its run starts with no chain on the observation scale's tail."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks.funnel_neck import brownian_laplace
+    from benchmarks.laps_targets import brownian_grid
+
+    logdensity, draws, watched = brownian_laplace(np.random.default_rng(0), 10)
+    assert draws.shape == (10, 32) and watched == {"log_observation": 0, "log_innovation": 1}
+    grid = brownian_grid(0.01)
+    cells = [(1000, 1000), (1300, 950), (900, 1050)]  # (log_innovation, log_observation) indices near the bulk
+    z = np.linspace(-1, 1, 30)
+    gaps = [float(logdensity(jnp.asarray(np.r_[grid["log_observation"][i, j], grid["log_innovation"][i, j], z])))
+            - float(np.log(grid["weights"][i, j])) for i, j in cells]
+    np.testing.assert_allclose(gaps, gaps[0], atol=1e-3)
+    out = tmp_path / "laplace.json"
+    _run("funnel_neck", ["--problems", "brownian_laplace", "--rules", "harmonic", "--chains", 64, "--grads", 40,
+                         "--reference-draws", 2000, "--out", out], 300)
+    rule = json.loads(out.read_text())["runs"][0]["rules"]["harmonic"]
+    assert rule["grads"] >= 40 and rule["checkpoints"][0]["log_observation"]["q01_gap"] > 0
+
+
 def test_machine_names_the_cpu_and_never_raises(monkeypatch, tmp_path):
     """``machine()["cpu"]``: model, cores, caches, ISA where readable; with no sysfs, lscpu or /proc: what is left."""
     from benchmarks import machine

@@ -21,8 +21,9 @@ def coin_toss_model(heads=(20, 30), tosses=(40, 40)):
     import numpyro
     import numpyro.distributions as dist
 
-    p = numpyro.sample("p", dist.Uniform(0.0, 1.0).expand([2]).to_event(1))
-    numpyro.sample("heads", dist.Binomial(jnp.asarray(tosses), p).to_event(1), obs=jnp.asarray(heads))
+    with numpyro.plate("coin", len(heads)):  # names the dim of p, heads and each coin's log-likelihood
+        p = numpyro.sample("p", dist.Uniform(0.0, 1.0))
+        numpyro.sample("heads", dist.Binomial(jnp.asarray(tosses), p), obs=jnp.asarray(heads))
 
 
 def harmonic_oscillator_logdensity(position):

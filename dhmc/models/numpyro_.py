@@ -105,9 +105,16 @@ class NumPyroTarget:
             with suppress(jax.errors.TracerArrayConversionError):  # computed in the model: the jit below
                 observed = {name: np.asarray(v) for name, v in _observations(seen["trace"]).items()}
         if observed is None:
-            template, energy, observed = jax.jit(start)(key)
+            try:
+                template, energy, observed = jax.jit(start)(key)
+            except ValueError:  # NumPyro's check of a distribution downstream of a bad init value
+                if isinstance(self.init, dict):
+                    _check_init_support(model, args, kwargs, self.init)
+                raise
         trace = seen.pop("trace")
         if strategy is not None and not np.isfinite(energy):
+            if isinstance(self.init, dict):
+                _check_init_support(model, args, kwargs, self.init)
             initialize_model(jax.random.PRNGKey(0), model, model_args=args, model_kwargs=kwargs,
                              dynamic_args=False, init_strategy=strategy)  # NumPyro's own message for a bad start
             raise ValueError(f"init gives the model {self.name!r} no finite log density at its start")
@@ -195,6 +202,33 @@ def _check_init_shapes(model, args, kwargs, init: dict) -> None:
         if name in shapes and tuple(np.shape(value)) != tuple(shapes[name].shape):
             raise ValueError(f"init for {name!r} has shape {np.shape(value)}, the site has shape "
                              f"{tuple(shapes[name].shape)}")
+
+
+def _check_init_support(model, args, kwargs, init: dict) -> None:
+    """Refuse an ``init`` value outside its site's support (a negative scale), naming the site: NumPyro's own
+    message names a distribution downstream of it."""
+    from numpyro import handlers
+
+    supports = {}
+
+    def inside(key, values):  # the values traced: NumPyro validates a distribution's concrete parameters
+        model_ = handlers.substitute(handlers.seed(model, key), data=values)
+        trace = handlers.trace(model_).get_trace(*args, **kwargs)
+        sites = {name: site for name, site in trace.items()
+                 if name in init and site["type"] == "sample" and not site["is_observed"]}
+        supports.update({name: site["fn"].support for name, site in sites.items()})
+        return {name: jax.numpy.all(site["fn"].support(site["value"])) for name, site in sites.items()}
+
+    try:
+        ok = jax.jit(inside)(jax.random.PRNGKey(0), {name: np.asarray(v) for name, v in init.items()})
+    except Exception:  # noqa: BLE001 - a model this check cannot run: NumPyro's own start checks
+        return
+    for name, value in init.items():
+        if name in ok and not bool(ok[name]):
+            support = repr(supports[name])
+            support = support if "Trace" not in support else type(supports[name]).__name__.lstrip("_")
+            raise ValueError(f"init for {name!r} is outside its support {support}: "
+                             f"{np.array2string(np.asarray(value), threshold=8)}")
 
 
 PRIOR_STREAM = 2**32 - 2  # keys of prior draws: fold_in data no kernel iteration reaches

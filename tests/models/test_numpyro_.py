@@ -79,6 +79,26 @@ def test_an_init_of_another_shape_than_its_site_is_refused_not_sampled(value):
     assert NumPyroTarget(centred, (SIGMA, Y), init={"theta": np.zeros(8), "mu": 1.0}).build().dim == 10
 
 
+@pytest.mark.parametrize("init, message", [
+    ({"tau": -1.0}, r"init for 'tau' is outside its support Positive\(lower_bound=0.0\): -1\."),
+    ({"theta": np.full(8, np.inf)}, r"init for 'theta' is outside its support Real\(\): \[inf inf"),
+], ids=["negative scale", "infinite"])
+def test_an_init_outside_its_sites_support_names_the_site(init, message):
+    """NumPyro's own message named a distribution downstream ("Normal distribution got invalid scale parameter")."""
+    with pytest.raises(ValueError, match=message):
+        NumPyroTarget(centred, (SIGMA, Y), init=init).build()
+
+
+def test_an_init_outside_a_support_set_by_another_site_names_the_site():
+    def model():
+        low = numpyro.sample("low", dist.Normal(0.0, 1.0))
+        numpyro.sample("p", dist.Uniform(low, low + 1.0))
+
+    with pytest.raises(ValueError, match=r"init for 'p' is outside its support Interval: 3\."):
+        NumPyroTarget(model, init={"low": 0.0, "p": 3.0}).build()
+    assert NumPyroTarget(model, init={"low": 0.0, "p": 0.5}).build().dim == 2
+
+
 def test_numpyro_models_sampled_from_two_threads_at_once_give_their_solo_draws(client2):
     """NumPyro keeps its effect handlers in one global stack: two runs preparing a model at once failed with
     'all sites must have unique names'. Each now gets bitwise what it gets alone."""
