@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 __all__ = ["EBFMI_MIN", "EBFMI_CHAINS", "ebfmi", "ebfmi_warning", "nested_rhat", "split_rhat", "superchains",
-           "max_nested_rhat", "ess_bulk", "ess_tail"]
+           "max_nested_rhat", "ess_bulk", "ess_tail", "ess_sd"]
 
 EBFMI_MIN = 0.3  # Stan's threshold: below it, the momentum's resampling changes the energy too little
 EBFMI_CHAINS = 4096  # the chains E-BFMI reads (the first): enough for its estimate, bounded for a store of millions
@@ -132,6 +132,19 @@ def ess_tail(draws: np.ndarray):
     return _by_scalar(draws, _tail_ess)
 
 
+def ess_sd(draws: np.ndarray):
+    """The sd's effective sample size of ``draws`` shaped ``(chains, draws, ...)``: the number of independent
+    draws from a normal that would give each scalar's sd as precisely.
+
+    The ESS of the squared deviations ``(x - mean)^2`` (Geyer's, over the split chains: ArviZ's
+    ``ess(method="mean")`` of them) times ``2 / (kurtosis - 1)``: by the delta method a sd's relative error is
+    ``sqrt((kurtosis - 1) / (4 ESS))``, a normal's ``1 / sqrt(2 ESS)``. Equal to that ESS for a normal scalar;
+    a heavy tail, whose few far draws carry the variance, needs that many more. Constant draws give the number of
+    split draws; undefined cases as :func:`ess_bulk`.
+    """
+    return _by_scalar(draws, _sd_ess)
+
+
 def _by_scalar(draws: np.ndarray, ess):
     """``ess`` of each scalar of ``draws`` (chains, draws, ...), given as (scalars, chains, draws) batches of at
     most about :data:`_BATCH_DRAWS` draws; NaN with a NaN draw (all, without chains or 4 draws per chain)."""
@@ -158,6 +171,17 @@ def _tail_ess(x: np.ndarray) -> np.ndarray:
     """ArviZ's tail ESS of each scalar's (chains, draws) ``x``."""
     low, high = _quantiles(x, (0.05, 0.95)).T
     return np.minimum(_ess(_split_chains(x <= low[:, None, None])), _ess(_split_chains(x <= high[:, None, None])))
+
+
+def _sd_ess(x: np.ndarray) -> np.ndarray:
+    """:func:`ess_sd` of each scalar's (chains, draws) ``x``."""
+    squares = np.square(x - x.mean(axis=(1, 2), keepdims=True))
+    second = squares.mean(axis=(1, 2))
+    fourth = np.square(squares).mean(axis=(1, 2))
+    constant = second <= 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(constant, 1.0, 2.0 / np.maximum(fourth / np.where(constant, 1.0, second**2) - 1.0, 1e-12))
+    return _ess(_split_chains(squares)) * np.minimum(factor, 1.0 / 1e-12)
 
 
 def _split_chains(x: np.ndarray) -> np.ndarray:

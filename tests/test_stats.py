@@ -1,5 +1,6 @@
 """``dhmc.stats.ess_bulk`` / ``ess_tail`` against ArviZ 0.23's ``ess(method="bulk" / "tail")``, which they
-reimplement in NumPy (no ArviZ, xarray or scipy import), vectorized over scalars."""
+reimplement in NumPy (no ArviZ, xarray or scipy import), vectorized over scalars; ``ess_sd`` from ArviZ's
+``ess(method="mean")`` of the squared deviations, and against the spread of independent sds."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dhmc.stats import ebfmi, ess_bulk, ess_tail
+from dhmc.stats import ebfmi, ess_bulk, ess_sd, ess_tail
 
 ESS = {"bulk": ess_bulk, "tail": ess_tail}
 
@@ -92,6 +93,29 @@ def test_undefined():
     x = np.zeros((2, 10, 2))
     x[0, 0, 1] = np.nan
     assert np.array_equal(np.isnan(ess_bulk(x)), [False, True])
+
+
+@pytest.mark.parametrize("name", [n for n in DATASETS if "nan" not in n and "inf" not in n and "constant" not in n])
+def test_ess_sd_is_the_squared_deviations_ess_scaled_by_the_kurtosis(name):
+    draws = np.asarray(DATASETS[name], float)
+    squares = np.square(draws - draws.mean(axis=(0, 1)))
+    kurtosis = np.square(squares).mean(axis=(0, 1)) / squares.mean(axis=(0, 1)) ** 2
+    expected = _arviz(squares, "mean") * 2 / (kurtosis - 1)
+    np.testing.assert_allclose(ess_sd(DATASETS[name]), expected, rtol=1e-5 if draws.dtype == np.float32 else 1e-10)
+
+
+def test_ess_sd_gives_the_error_of_a_heavy_tails_sd():
+    """Independent Student-t draws (kurtosis 6): the sds of 400 ensembles spread as 1 / sqrt(2 ess_sd) says, where
+    the bulk ESS (the draws' number) promises half that spread; constant draws count as independent."""
+    rng = np.random.default_rng(3)
+    sds, ess = [], []
+    for _ in range(400):
+        x = rng.standard_t(6.0, size=(32, 40))
+        sds.append(x.std())
+        ess.append(ess_sd(x))
+    spread = np.std(sds) / np.mean(sds)
+    assert 0.8 < spread * np.sqrt(2 * np.mean(ess)) < 1.4 and spread * np.sqrt(2 * 32 * 40) > 1.5
+    assert ess_sd(np.ones((4, 9))) == 4 * 2 * 4 and np.isnan(ess_sd(np.ones((4, 3))))
 
 
 def test_the_monitor_reports_arviz_ess():

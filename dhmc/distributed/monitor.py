@@ -4,11 +4,11 @@ dashboard all read.
 After every complete wave of segments (all chunks have finished segment ``s``) whose draws crossed a
 power of :data:`GROWTH` (:data:`FIXED_GROWTH` for fixed draws), the driver looks at the first
 :func:`head_chains` chains of every chunk, over all draws so far, and measures every scalar
-parameter's bulk and tail ESS (ArviZ's, computed by :mod:`dhmc.stats`; scaled from the chains looked
-at to the whole ensemble), split R-hat and nested R-hat (superchains: the chunks, at most 16 groups of
-them). Observers are told
-each measurement (``convergence_check``). With ``draws="auto"`` the run stops at the first measured
-wave where every ESS reaches ``target_ess`` and the largest nested R-hat is below :data:`RHAT_MAX`; a
+parameter's bulk and tail ESS (ArviZ's, computed by :mod:`dhmc.stats`) and the ESS of its sd
+(:func:`dhmc.stats.ess_sd`: a heavy tail's sd needs more draws than its quantiles), each scaled from the chains
+looked at to the whole ensemble, split R-hat and nested R-hat (superchains: the chunks, at most 16 groups of
+them). Observers are told each measurement (``convergence_check``). With ``draws="auto"`` the run stops at the
+first measured wave where every ESS reaches ``target_ess`` and the largest nested R-hat is below :data:`RHAT_MAX`; a
 fixed-draws run's last measurement is its end-of-run check. The decisions depend only on the draws,
 so they are as deterministic as the draws are.
 """
@@ -22,7 +22,7 @@ from dask.utils import parse_bytes
 
 from dhmc.distributed import config
 from dhmc.geometry import Geometry
-from dhmc.stats import ess_bulk, ess_tail, nested_rhat, split_rhat, superchains
+from dhmc.stats import ess_bulk, ess_sd, ess_tail, nested_rhat, split_rhat, superchains
 
 __all__ = ["RHAT_MAX", "ConvergenceMonitor", "head_chains", "remaining"]
 
@@ -139,7 +139,7 @@ class ConvergenceMonitor:
         """Every scalar's ESS and R-hat over the head chains of the first ``wave`` segments, and their extremes.
 
         ``params`` maps each scalar (``x[0]``) to ``{"rhat" (split), "nested_rhat", "ess_bulk",
-        "ess_tail"}`` (None where undefined). ``min_ess`` (bulk or tail, scaled to the ensemble),
+        "ess_tail", "ess_sd"}`` (None where undefined). ``min_ess`` (bulk, tail or sd, scaled to the ensemble),
         ``max_split_rhat`` and ``max_nested_rhat`` (at least 1; infinite for chains stuck apart) leave
         out scalars whose values are undefined (constant draws); no ESS at all counts as 0; ``worst``
         names the scalar of the largest split R-hat. With ``draws="auto"`` the record also has
@@ -154,7 +154,8 @@ class ConvergenceMonitor:
         scale = self.spec.chains / sample.shape[0]
         columns = {"rhat": split_rhat(flat),
                    "nested_rhat": nested_rhat(flat[:used - used % groups], groups) if groups else np.nan,
-                   "ess_bulk": ess_bulk(sample) * scale, "ess_tail": ess_tail(sample) * scale}
+                   "ess_bulk": ess_bulk(sample) * scale, "ess_tail": ess_tail(sample) * scale,
+                   "ess_sd": ess_sd(sample) * scale}
         columns = {k: np.broadcast_to(np.asarray(v, float), (len(names),)) for k, v in columns.items()}
         params = {label: {k: _float(v[i]) for k, v in columns.items()} for i, label in enumerate(names)}
         record = {"draws": n, "chains": used, **_extremes(names, columns), "params": params}
@@ -183,9 +184,9 @@ def _float(value) -> float | None:
 
 
 def _extremes(names: list[str], columns: dict[str, np.ndarray]) -> dict:
-    """``min_ess`` over bulk and tail, ``max_split_rhat`` and ``max_nested_rhat`` (at least 1, NaN left out) and
+    """``min_ess`` over bulk, tail and sd, ``max_split_rhat`` and ``max_nested_rhat`` (at least 1, NaN left out) and
     ``worst``, the scalar of the largest split R-hat ("" when none is above 1)."""
-    ess = np.concatenate([columns["ess_bulk"], columns["ess_tail"]])
+    ess = np.concatenate([columns["ess_bulk"], columns["ess_tail"], columns["ess_sd"]])
     ess = ess[np.isfinite(ess)]
     split, nested = columns["rhat"], columns["nested_rhat"]
     known = ~np.isnan(split)

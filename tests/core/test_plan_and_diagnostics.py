@@ -54,7 +54,7 @@ def test_the_monitor_measures_every_scalar_and_flags_disagreeing_chains():
     assert list(good["params"]) == ["x[0,0]", "x[0,1]", "x[1,0]", "x[1,1]", "s"]
     assert good["max_split_rhat"] < 1.02 and good["max_nested_rhat"] < 1.02 and good["draws"] == 200
     assert 0.5 * 32 * 200 < good["params"]["x[1,1]"]["ess_bulk"] < 1.5 * 32 * 200  # independent draws
-    assert good["min_ess"] == min(min(p["ess_bulk"], p["ess_tail"]) for p in good["params"].values())
+    assert good["min_ess"] == min(min(p["ess_bulk"], p["ess_tail"], p["ess_sd"]) for p in good["params"].values())
     assert bad["params"]["x[0,1]"]["nested_rhat"] > 1.1 and bad["params"]["s"]["nested_rhat"] < 1.05
     assert bad["worst"].startswith("x[") and bad["max_nested_rhat"] > 1.1
     assert ok.final() == {"max_rhat": good["max_split_rhat"],
@@ -69,6 +69,22 @@ def test_the_monitor_measures_every_scalar_and_flags_disagreeing_chains():
     auto.heads = ok.heads
     verdict = auto.measure(4)
     assert verdict["converged"] and verdict["remaining"] == 0 and verdict["max_rhat"] == verdict["max_nested_rhat"]
+
+
+def test_the_auto_rule_waits_for_a_heavy_tails_sd():
+    """Independent Student-t draws (3 degrees of freedom: a few far draws carry the variance) meet a bulk and tail
+    ESS target that their sd's ESS does not: the run goes on; a normal's meets all three."""
+    rng = np.random.default_rng(2)
+    spec = SimpleNamespace(chains=32, target_ess=2000.0, geometry=Geometry(32, 400, 8, 50))  # 200 of 400 draws
+    heavy, normal = ConvergenceMonitor(spec, sink=None), ConvergenceMonitor(spec, sink=None)
+    for seg in range(4):
+        for chunk in range(4):
+            heavy.add(chunk, seg, SimpleNamespace(head_draws={"t": rng.standard_t(3.0, size=(8, 50))}))
+            normal.add(chunk, seg, SimpleNamespace(head_draws={"t": rng.normal(size=(8, 50))}))
+    t, z = heavy.measure(4), normal.measure(4)
+    assert min(t["params"]["t"]["ess_bulk"], t["params"]["t"]["ess_tail"]) > 2000 > t["params"]["t"]["ess_sd"]
+    assert t["min_ess"] == t["params"]["t"]["ess_sd"] and not t["converged"] and t["remaining"] > 0
+    assert z["converged"] and 0.5 * 6400 < z["params"]["t"]["ess_sd"] < 1.5 * 6400
 
 
 def test_the_monitor_keeps_its_head_chains_within_its_memory_budget():
