@@ -36,13 +36,14 @@ FIXED_ESS_CHAINS = 128  # its ESS from this many of the head chains, spread over
 # the ESS of 1024 chains x 4000 draws x 10 scalars takes ~13 s (its rank normalization sorts all draws), of 128 ~1 s
 
 
-def head_chains(geometry: Geometry, draw_bytes: int = 0, budget: int | None = None) -> int:
+def head_chains(geometry: Geometry, draw_bytes: int = 0, budget: int | None = None, draws: int | None = None) -> int:
     """Chains per chunk the monitor looks at: the first ``min(smallest chunk, 1024 / chunks)``, at least 1, and
-    no more than keep all their draws (``draw_bytes`` each) within ``budget`` bytes (``dhmc.monitor-memory``)."""
+    no more than keep all their ``draws`` (the run's, unless given; ``draw_bytes`` each) within ``budget`` bytes
+    (``dhmc.monitor-memory``)."""
     smallest = len(geometry.chunk(geometry.num_chunks - 1))
     k = min(smallest, MAX_CHAINS // geometry.num_chunks)
     if draw_bytes and budget:
-        k = min(k, budget // (geometry.num_chunks * geometry.draws * draw_bytes))
+        k = min(k, budget // (geometry.num_chunks * (geometry.draws if draws is None else draws) * draw_bytes))
     return max(1, k)
 
 
@@ -79,23 +80,34 @@ class ConvergenceMonitor:
         self.spec, self.geometry, self.sink = spec, spec.geometry, sink
         self.auto = spec.target_ess is not None
         layout = getattr(sink, "layout", None)
-        draw_bytes = sum(np.dtype(s.dtype).itemsize * math.prod(s.shape) for s in layout.posterior.values()) \
+        self.draw_bytes = sum(np.dtype(s.dtype).itemsize * math.prod(s.shape) for s in layout.posterior.values()) \
             if layout is not None else 0
-        self.k = head_chains(self.geometry, draw_bytes, parse_bytes(config.get("monitor-memory")))
+        self.budget = parse_bytes(config.get("monitor-memory"))
         self.heads: dict[tuple[int, int], dict] = {}
         self.waves, self.stopped, self.last = checked, False, None
+
+    def chains_at(self, wave: int) -> int:
+        """Chains per chunk the monitor looks at in wave ``wave``: all it would (:func:`head_chains`) while the
+        draws so far fit ``dhmc.monitor-memory``, fewer as they grow. A block of segment ``s`` is first
+        measured in wave ``s + 1``: the most of its chains any wave looks at."""
+        return head_chains(self.geometry, self.draw_bytes, self.budget, self.geometry.draws_in(wave))
 
     def add(self, chunk: int, segment: int, result) -> None:
         """Keep a finished block's first chains (the worker's ``head``, or its draws)."""
         head = result.head_draws
         if head is not None:
-            self.heads[chunk, segment] = {name: np.array(v[:self.k]) for name, v in head.items()}
+            k = self.chains_at(segment + 1)
+            self.heads[chunk, segment] = {name: np.array(v[:k]) for name, v in head.items()}
 
     def draws(self, wave: int) -> dict[str, np.ndarray]:
-        """The head chains' draws of the first ``wave`` segments, chunk after chunk."""
-        parts = []
+        """The head chains' draws of the first ``wave`` segments, chunk after chunk (the heads kept trimmed to what
+        this and later waves look at)."""
+        k, parts = self.chains_at(wave), []
+        for key, block in self.heads.items():
+            if next(iter(block.values())).shape[0] > k:
+                self.heads[key] = {name: np.array(v[:k]) for name, v in block.items()}
         for chunk in range(self.geometry.num_chunks):
-            blocks = [self._head(chunk, s) for s in range(wave)]
+            blocks = [self._head(chunk, s, k) for s in range(wave)]
             parts.append({name: np.concatenate([b[name] for b in blocks], axis=1) for name in blocks[0]})
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
@@ -171,9 +183,9 @@ class ConvergenceMonitor:
         if self.auto:
             self.sink.checked(wave)
 
-    def _head(self, chunk: int, segment: int) -> dict:
+    def _head(self, chunk: int, segment: int, k: int) -> dict:
         if (chunk, segment) not in self.heads:
-            self.heads[chunk, segment] = self.sink.head(chunk, segment, self.k)
+            self.heads[chunk, segment] = self.sink.head(chunk, segment, k)
         return self.heads[chunk, segment]
 
 

@@ -258,7 +258,7 @@ class Runner:
             first = spec.warmup + draws.start * spec.thinning
             job = self._job("sample", chunk, first, geometry.draws_per_segment, positions, params,
                             keep_draws=len(draws), store=self.sink.destination(chunk, segment),
-                            head_chains=monitor.k if self.sink.workers_write else 0)
+                            head_chains=monitor.chains_at(segment + 1) if self.sink.workers_write else 0)
             blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
 
         def check_waves() -> bool:

@@ -97,3 +97,20 @@ def test_the_monitor_keeps_its_head_chains_within_its_memory_budget():
     k = head_chains(geometry, 501 * 4, 2**30)
     assert k == 3 and geometry.num_chunks * k * 10_000 * 501 * 4 <= 2**30
     assert head_chains(geometry, 10**6, 2**30) == 1
+    # a run looks at every chain it would while its draws so far fit, fewer as they grow (a draws="auto" run whose
+    # max_draws would not fit looked at 27 of 64 chunks' chains from its first check)
+    layout = SimpleNamespace(posterior={"x": SimpleNamespace(dtype="float32", shape=(501,))})
+    monitor = ConvergenceMonitor(SimpleNamespace(chains=1024, target_ess=None, geometry=geometry),
+                                 sink=SimpleNamespace(layout=layout))
+    assert monitor.budget == 2**30 and [monitor.chains_at(w) for w in (1, 10, 50, 100)] == [64, 33, 6, 3]
+    monitor.budget = 16 * 200 * 501 * 4 * 10  # 20 chains a chunk fit 100 draws, 10 fit 200
+    rng = np.random.default_rng(0)
+    for segment in (0, 1):
+        for chunk in range(geometry.num_chunks):
+            monitor.add(chunk, segment, SimpleNamespace(head_draws={"x": rng.normal(size=(64, 100, 2))}))
+    assert monitor.heads[0, 0]["x"].shape[0] == 20 and monitor.heads[0, 1]["x"].shape[0] == 10
+    first = monitor.draws(1)["x"]
+    assert first.shape == (16 * 20, 100, 2) and monitor.heads[0, 0]["x"].shape[0] == 20
+    both = monitor.draws(2)["x"]
+    assert both.shape == (16 * 10, 200, 2) and monitor.heads[0, 0]["x"].shape[0] == 10  # trimmed
+    np.testing.assert_array_equal(both[:10, :100], first[:10])

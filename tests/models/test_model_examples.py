@@ -1,4 +1,4 @@
-"""The built-in examples, without a cluster."""
+"""The built-in examples (`dhmc.models.examples`), without a cluster; tests/test_examples.py runs examples/."""
 
 from __future__ import annotations
 
