@@ -65,6 +65,18 @@ def eight_schools_centered(rng, n):
     return logdensity, draws[rng.choice(len(draws), n)], {"log_tau": 0}
 
 
+def _scale_draws(rng, n, h: float = 0.01):
+    """``(grid, log_innovation, log_observation)``: ``n`` exact draws of the Brownian's log scales from
+    :func:`~benchmarks.laps_targets.brownian_grid` (step ``h``), each jittered within its cell."""
+    from benchmarks.laps_targets import brownian_grid
+
+    grid = brownian_grid(h)
+    pick = rng.choice(grid["weights"].size, n, p=grid["weights"].ravel())
+    li = grid["log_innovation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
+    lo = grid["log_observation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
+    return grid, li, lo
+
+
 def brownian(rng, n, noncentered=False):
     """``laps_targets``'s Brownian motion on ``(log_innovation, log_observation, x[30])`` (non-centred: the
     innovations ``z = diff(x) / exp(log_innovation)`` instead of ``x``) and exact draws: the log scales from
@@ -72,14 +84,10 @@ def brownian(rng, n, noncentered=False):
     import jax.numpy as jnp
     from jax.scipy.stats import norm
 
-    from benchmarks.laps_targets import BROWNIAN_STEPS, brownian_data, brownian_grid, target
+    from benchmarks.laps_targets import BROWNIAN_STEPS, brownian_data, target
 
     y, observed = brownian_data()
-    h = 0.01
-    grid = brownian_grid(h)
-    pick = rng.choice(grid["weights"].size, n, p=grid["weights"].ravel())
-    li = grid["log_innovation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
-    lo = grid["log_observation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
+    grid, li, lo = _scale_draws(rng, n)
     precision_prior, ones, data = np.linalg.inv(grid["covariance"]), np.zeros(BROWNIAN_STEPS), np.zeros(BROWNIAN_STEPS)
     ones[observed], data[observed] = 1.0, y[observed]
     x = np.empty((n, BROWNIAN_STEPS))
@@ -110,16 +118,10 @@ def brownian_laplace(rng, n):
     :func:`~benchmarks.laps_targets.brownian_grid` and ``z ~ N(0, I)``."""
     import jax.numpy as jnp
 
-    from benchmarks.laps_targets import BROWNIAN_STEPS, brownian_data, brownian_grid
+    from benchmarks.laps_targets import BROWNIAN_STEPS
 
-    h = 0.01
-    grid = brownian_grid(h)
-    pick = rng.choice(grid["weights"].size, n, p=grid["weights"].ravel())
-    li = grid["log_innovation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
-    lo = grid["log_observation"].ravel()[pick] + rng.uniform(-h / 2, h / 2, n)
-    observed = np.flatnonzero(brownian_data()[1])
-    lam = jnp.asarray(np.linalg.eigvalsh(grid["covariance"][np.ix_(observed, observed)]))  # brownian_grid's order
-    y_rot = jnp.asarray(grid["rotated"])
+    grid, li, lo = _scale_draws(rng, n)
+    lam, y_rot = jnp.asarray(grid["spectrum"]), jnp.asarray(grid["rotated"])
 
     def logdensity(z):
         lo, li, white = z[0], z[1], z[2:]

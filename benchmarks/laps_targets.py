@@ -150,7 +150,7 @@ def brownian_grid(h: float = 0.01) -> dict:
     1), with what the positions' Gaussian conditionals need: ``covariance`` (the positions', per unit innovation
     variance), ``loadings`` (``covariance[:, observed] @ u``), ``rotated`` (the observations, ``u^T y``) and
     ``eigenvalues`` (of the observations' covariance at each grid point), ``u`` the eigenvectors of the observed
-    positions' covariance."""
+    positions' covariance and ``spectrum`` its eigenvalues (per unit innovation variance)."""
     import numpy as np
 
     y, observed = brownian_data()
@@ -165,7 +165,7 @@ def brownian_grid(h: float = 0.01) -> dict:
     w = np.exp(logp - logp.max())
     w /= w.sum()
     return {"log_innovation": li, "log_observation": lo, "weights": w, "covariance": cov,
-            "loadings": cov[:, obs] @ u, "rotated": y_rot, "eigenvalues": d}
+            "loadings": cov[:, obs] @ u, "rotated": y_rot, "eigenvalues": d, "spectrum": lam}
 
 
 def brownian_exact(h: float = 0.01) -> dict:

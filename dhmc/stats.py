@@ -179,9 +179,8 @@ def _sd_ess(x: np.ndarray) -> np.ndarray:
     second = squares.mean(axis=(1, 2))
     fourth = np.square(squares).mean(axis=(1, 2))
     constant = second <= 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = np.where(constant, 1.0, 2.0 / np.maximum(fourth / np.where(constant, 1.0, second**2) - 1.0, 1e-12))
-    return _ess(_split_chains(squares)) * np.minimum(factor, 1.0 / 1e-12)
+    excess = np.where(constant, 2.0, fourth / np.where(constant, 1.0, second**2) - 1.0)  # kurtosis - 1: a normal's 2
+    return _ess(_split_chains(squares)) * 2.0 / np.maximum(excess, 2e-12)
 
 
 def _split_chains(x: np.ndarray) -> np.ndarray:

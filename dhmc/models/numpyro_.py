@@ -191,8 +191,7 @@ def _check_init_shapes(model, args, kwargs, init: dict) -> None:
 
     def latent(key):
         trace = handlers.trace(handlers.seed(model, key)).get_trace(*args, **kwargs)
-        return {name: site["value"] for name, site in trace.items()
-                if site["type"] == "sample" and not site["is_observed"]}
+        return {name: site["value"] for name, site in _latent(trace).items()}
 
     try:
         shapes = jax.eval_shape(latent, jax.random.PRNGKey(0))
@@ -214,8 +213,7 @@ def _check_init_support(model, args, kwargs, init: dict) -> None:
     def inside(key, values):  # the values traced: NumPyro validates a distribution's concrete parameters
         model_ = handlers.substitute(handlers.seed(model, key), data=values)
         trace = handlers.trace(model_).get_trace(*args, **kwargs)
-        sites = {name: site for name, site in trace.items()
-                 if name in init and site["type"] == "sample" and not site["is_observed"]}
+        sites = {name: site for name, site in _latent(trace).items() if name in init}
         supports.update({name: site["fn"].support for name, site in sites.items()})
         return {name: jax.numpy.all(site["fn"].support(site["value"])) for name, site in sites.items()}
 
@@ -277,6 +275,11 @@ def noncentred_sites(model, args=(), kwargs=None, option: str = "noncentered=Tru
     jax.eval_shape(collect)  # traced (as get_dependencies traces it), not run op by op: 1.2 s of CPU eagerly
     latent = {n for n, is_latent, _ in sites if is_latent}
     return [n for n, is_latent, ls in sites if is_latent and ls and (set(depends.get(n, {})) & latent) - {n}]
+
+
+def _latent(trace) -> dict:
+    """The latent sample sites of a NumPyro trace (name: site), in trace order."""
+    return {name: site for name, site in trace.items() if site["type"] == "sample" and not site["is_observed"]}
 
 
 def _observations(trace) -> dict:
