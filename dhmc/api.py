@@ -133,8 +133,9 @@ def sample(
         Show progress; replace an existing store; options for the cluster kind (see ``dhmc.yaml``).
     target_ess, max_draws
         With ``draws="auto"``: sample segment by segment until every scalar's bulk and tail ESS and the ESS of its
-        sd (:func:`dhmc.stats.ess_sd`: a heavy tail's sd takes more draws) reach ``target_ess`` (1000) and nested
-        R-hat is below 1.01, or ``max_draws`` (10000) draws.
+        sd (:func:`dhmc.stats.ess_sd`: a heavy tail's sd takes more draws) reach ``target_ess`` (1000), nested
+        R-hat is below 1.01 and the chains have forgotten their first draw
+        (:func:`dhmc.distributed.monitor.start_memory`), or ``max_draws`` (10000) draws.
     log_likelihood, predictive, prior
         For a NumPyro or PyMC model: also store each observed site's pointwise log-likelihood (group
         ``log_likelihood``, for ``arviz.loo``/``waic``), a draw of it per posterior draw

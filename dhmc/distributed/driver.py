@@ -169,8 +169,10 @@ def _finish_auto(spec: RunSpec, sink, monitor: ConvergenceMonitor, kept: int) ->
         sink.resize(spec.geometry, {"dhmc_run_spec": json.dumps(asdict(spec))})
     elif last is not None and not last["converged"]:
         rhat = f", nested R-hat {last['max_rhat']:.3f}" if last["max_rhat"] >= RHAT_MAX else ""
+        memory = f", the chains' memory of their first draw z = {last['start_memory']:.1f} (at most " \
+                 f"{last['memory_critical']:.1f})" if last["start_memory"] >= last["memory_critical"] else ""
         warnings.warn(f"draws='auto' reached max_draws={geometry.draws} before converging: min ESS "
-                      f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}", ConvergenceWarning,
+                      f"{last['min_ess']:.0f} of target_ess {spec.target_ess:g}{rhat}{memory}", ConvergenceWarning,
                       stacklevel=4)
     extra = {"dhmc_auto": json.dumps(_without_params(last))} if last is not None else {}
     return {"dhmc_run_spec": json.dumps(asdict(spec)), **extra}
