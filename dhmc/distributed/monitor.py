@@ -204,11 +204,12 @@ class ConvergenceMonitor:
         record = {"draws": n, "chains": used, **_extremes(names, columns), "params": params}
         if self.auto:
             target, memory, critical = self.spec.target_ess, start_memory(flat), critical_z(len(names))
+            converged = record["min_ess"] >= target and record["max_nested_rhat"] < RHAT_MAX and memory < critical
+            left = remaining(n, record["min_ess"], target, geometry.draws)
+            if not converged and not left:  # the ESS is there, the rest is not: at least until the next check
+                left = min(math.ceil(n * (GROWTH - 1)), geometry.draws - n)
             record.update(target_ess=target, max_draws=geometry.draws, max_rhat=record["max_nested_rhat"],
-                          start_memory=memory, memory_critical=critical,
-                          converged=record["min_ess"] >= target and record["max_nested_rhat"] < RHAT_MAX
-                          and memory < critical,
-                          remaining=remaining(n, record["min_ess"], target, geometry.draws))
+                          start_memory=memory, memory_critical=critical, converged=converged, remaining=left)
         return record
 
     def _checked(self, wave: int) -> None:

@@ -105,7 +105,7 @@ def test_the_auto_rule_waits_until_the_chains_forget_their_start():
     its sign and size redrawn each draw, so every ESS across chains is met) do not converge; the same draws
     with each chain's scale redrawn each draw do."""
     rng = np.random.default_rng(6)
-    spec = SimpleNamespace(chains=1024, target_ess=400.0, geometry=Geometry(1024, 20, 64, 10))
+    spec = SimpleNamespace(chains=1024, target_ess=400.0, geometry=Geometry(1024, 40, 64, 10))
     kept, redrawn = ConvergenceMonitor(spec, sink=None), ConvergenceMonitor(spec, sink=None)
     scale = np.exp(0.5 * rng.normal(size=(1024, 1)))
     for seg in range(2):
@@ -115,6 +115,7 @@ def test_the_auto_rule_waits_until_the_chains_forget_their_start():
             redrawn.add(chunk, seg, SimpleNamespace(head_draws={"x": np.exp(0.5 * rng.normal(size=(16, 10))) * z}))
     stuck, mixed = kept.measure(2), redrawn.measure(2)
     assert stuck["min_ess"] > 400 and stuck["start_memory"] > stuck["memory_critical"] and not stuck["converged"]
+    assert stuck["remaining"] == 4  # the ESS is met: at least until the next check (20% more draws)
     assert mixed["converged"] and mixed["start_memory"] < mixed["memory_critical"]
 
 
