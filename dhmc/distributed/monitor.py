@@ -67,9 +67,10 @@ def start_memory(draws: np.ndarray) -> float:
     chains, n = draws.shape[:2]
     if n < 2 or chains < 3:
         return 0.0
-    worst = 0.0
-    for f in (draws, np.abs(draws - draws.mean(axis=(0, 1)))):
-        first, last = f[:, 0] - f[:, 0].mean(axis=0), f[:, -1] - f[:, -1].mean(axis=0)
+    worst, mean = 0.0, draws.mean(axis=(0, 1))
+    ends = draws[:, [0, -1]]  # the two draws compared: no copy of every draw
+    for f in (ends, np.abs(ends - mean)):
+        first, last = f[:, 0] - f[:, 0].mean(axis=0), f[:, 1] - f[:, 1].mean(axis=0)
         norm = np.sqrt((first * first).sum(axis=0) * (last * last).sum(axis=0))
         r = np.divide((first * last).sum(axis=0), norm, out=np.zeros(norm.shape), where=norm > 0)
         worst = max(worst, float(np.max(r, initial=0.0)) * math.sqrt(chains))
