@@ -11,7 +11,10 @@ An adjusted round passes :func:`converged` when it is
   squared distance between independent draws (``E (x_end - x_start)^2 >= 0.3 * 2 var``): an
   ensemble whose chains barely move is stationary too, and must not pass;
 * adapted: the step size moved by less than 30% per :data:`STEP_CHANGE_ITERATIONS` iterations from the previous
-  round (17% for a round of 15) and the trajectory length by less than 40% within the round.
+  round (17% for a round of 15) and the trajectory length ended within 40% of where the round started or of
+  where the previous round ended: a new metric rescales the length a round starts from
+  (:func:`~dhmc.distributed.warmup.carry_length`) by an estimate that noise in a high-dimensional metric throws
+  off, and ChEES back at its last length has settled as surely as ChEES that did not move.
 
 The cold phase (:mod:`dhmc.distributed.cold_rounds`) uses the same drift tests.
 """
@@ -49,7 +52,8 @@ class Check:
     critical: float  # the |z| both must stay below
     displacement: float  # smallest (over coordinates) E (x_end - x_start)^2 / (2 var) over the round
     step_change: float  # |log| change of the step size from the previous round
-    length_change: float  # |log| change of the trajectory length within the round
+    length_change: float  # |log| change of the trajectory length within the round, or from the previous round's end
+    # if that is smaller
     divergence_rate: float = 0.0  # divergent transitions per chain and iteration of the round (reported)
     paired_drift: float = 0.0  # largest |z| of the chains' mean change of x or (x - mean)^2 over the round
 
@@ -154,6 +158,8 @@ def converged(current, previous, start: np.ndarray, end: np.ndarray, chains: int
                      paired_drift(start, end))
     drift_mean, drift_variance = moment_drift(current.moments.mean, var, previous.moments.mean,
                                               variances(previous.moments), chains)
+    if length_change and previous.trajectory_length > 0:
+        length_change = min(length_change, abs(math.log(current.trajectory_length / previous.trajectory_length)))
     step_change = abs(math.log(current.step_size / previous.step_size)) if adapt else 0.0
     max_step_change = MAX_STEP_CHANGE * (iterations or STEP_CHANGE_ITERATIONS) / STEP_CHANGE_ITERATIONS
     check = Check(False, drift_mean, drift_variance, critical, displacement, step_change, length_change,

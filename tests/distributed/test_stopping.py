@@ -34,6 +34,19 @@ def test_the_stop_rule_passes_a_mixing_stationary_ensemble_and_only_that():
     assert not stopping.converged(current, None, start, end, chains).converged
 
 
+def test_a_length_back_where_the_previous_round_left_it_has_settled():
+    """A new metric rescaled the length a round started from (irt: 2.5 carried to 1.26, ChEES back at 3.19 by the
+    round's end): settled if ChEES ended within 40% of the previous round's length, not if it is still growing."""
+    rng = np.random.default_rng(0)
+    chains, dim = 256, 5
+    draws = lambda: rng.normal(size=(chains, 12, dim))
+    start, end = rng.normal(size=(chains, dim)), rng.normal(size=(chains, dim))
+    carried = lambda previous_length: stopping.converged(_round(draws(), length=2.2, start_length=1.0),
+                                                         _round(draws(), length=previous_length), start, end, chains)
+    assert carried(2.0).converged and carried(2.0).length_change < stopping.MAX_LENGTH_CHANGE
+    assert not carried(1.0).converged  # 1.0 -> 2.2 within the round and from the round before: still growing
+
+
 def test_stationary_asks_only_that_the_ensemble_did_not_move():
     """Chains that barely moved, or a step size still settling, are stationary (the metric's moments may pool);
     moved means, a shrunk variance or no round before are not."""
