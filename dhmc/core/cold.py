@@ -58,7 +58,7 @@ class ColdStats(NamedTuple):
     positions and gradients, and counts."""
 
     step_size: Array
-    moments: CrossMoments
+    moments: CrossMoments  # of the chains that end finite and were not stuck (the driver reseats the others)
     energy_variance: Array  # Var(dE) / d of the last step
     logdensity: Array  # (chains,): each chain's log density at its end (-inf: its steps mostly failed)
     nans: Array  # steps undone (not finite), all chains
@@ -76,6 +76,12 @@ class _Chain(NamedTuple):
 
 def _unit(v: Array) -> Array:
     return v / jnp.sqrt(jnp.sum(v**2, axis=-1, keepdims=True))
+
+
+def _finite(logdensity: Array, position: Array, grad: Array) -> Array:
+    """Which chains have a finite log density, position and gradient: the ensemble's moments count only them (one
+    chain's infinite gradient made every coordinate's gradient mean NaN)."""
+    return jnp.isfinite(logdensity) & jnp.all(jnp.isfinite(position), 1) & jnp.all(jnp.isfinite(grad), 1)
 
 
 def _step(logdensity_fn, chain: _Chain, step_size, to_x, to_y_grad):
@@ -109,7 +115,7 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
         logdensity, grad = jax.vmap(jax.value_and_grad(logdensity_fn))(positions)
         whitened = jax.vmap(to_y_grad)(grad)
         y = whiten(positions)
-        start = cross_moments(y, whitened)
+        start = cross_moments(y, whitened, _finite(logdensity, positions, grad))
         wide = jnp.where(-start.m_xg / jnp.maximum(start.count - 1, 1) >= 1.0, 1.0, -1.0)
         direction = jnp.where(jnp.isfinite(whitened), wide * whitened, 0.0)
         size = jnp.sqrt(jnp.sum(direction**2, axis=1, keepdims=True))
@@ -150,7 +156,8 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
         # a chain whose steps mostly failed (a gradient that is not finite where it sits) reports no log density:
         # the driver reseats it (dhmc.distributed.cold_rounds.reseat_strays)
         stuck = 2 * fails > num_iterations
-        stats = ColdStats(eps, cross_moments(chain.position, chain.logdensity_grad), eevpd,
+        counted = _finite(chain.logdensity, chain.position, chain.logdensity_grad) & ~stuck
+        stats = ColdStats(eps, cross_moments(chain.position, chain.logdensity_grad, counted), eevpd,
                           jnp.where(stuck, -jnp.inf, chain.logdensity), nans, grads, chain.logdensity_grad)
         return chain.position, stats
 

@@ -101,6 +101,30 @@ def test_a_block_of_one_chain_keeps_its_step_and_a_chain_without_gradient_still_
     assert int(stats.nans) == 0 and not np.allclose(np.asarray(moved), at_mode)
 
 
+def _kinked(x):
+    """The Gaussian with a kink of no mass at ``x[2] = 0.25``, where the gradient is NaN."""
+    return _gaussian(x) - 1e-3 * jnp.sqrt(jnp.abs(x[2] - 0.25))
+
+
+def test_a_chain_without_a_finite_gradient_is_left_out_of_the_blocks_moments():
+    """One chain starts where the gradient is not finite (an ARMA model's chains at a start out of its stationary
+    region): it cannot move, and the block's end moments are those of the other chains, not NaN (one infinite
+    gradient made every coordinate's gradient mean NaN, and the driver's metric a guess)."""
+    x0 = np.float32(MEAN + np.random.default_rng(5).uniform(-0.5, 0.5, (64, 4)) * SDS)
+    x0[7, 2] = 0.25
+    keys = chain_keys(0, jnp.arange(64, dtype=jnp.uint32))
+    params = ColdParams(jnp.float32(0.1), jnp.asarray(SDS**2, jnp.float32))
+    end, stats = jax.jit(cold_chunk(_kinked))(keys, jnp.asarray(x0), params, jnp.int32(0), jnp.int32(5))
+    end, others = np.asarray(end, np.float64), np.delete(np.arange(64), 7)
+    assert np.all(end[7] == x0[7]) and not np.isfinite(float(stats.logdensity[7]))
+    gradients = jax.vmap(jax.grad(_kinked))(jnp.asarray(end[others], jnp.float32))
+    expected = fisher.cross_moments(end[others], np.asarray(gradients, np.float64), xp=np)
+    moments = fisher.CrossMoments(*(np.asarray(m, np.float64) for m in stats.moments))
+    assert float(moments.count) == 63
+    for got, want in zip(moments, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.max(np.abs(want)))
+
+
 def test_a_dense_metric_that_is_diagonal_runs_as_the_diagonal_one():
     x0 = np.float32(MEAN + np.random.default_rng(5).uniform(-0.5, 0.5, (512, 4)) * SDS)
     keys = chain_keys(0, jnp.arange(512, dtype=jnp.uint32))
