@@ -12,8 +12,10 @@ the geometric mean of ``Cov x`` and ``Cov(g)^-1`` (:func:`dense_metric`, exact f
 ensemble's spread and orientation). The step size is the blocks', carried into the new metric so that no direction's
 step grows (:func:`carried_step`). The phase ends at the second round in a row of :data:`COLD_ROUND` gradients whose
 ensemble means and log variances agree with the previous round's and whose chains' own changes average to 0
-(:mod:`dhmc.distributed.stopping`), or after :data:`MAX_COLD` gradients. Between cold rounds, chains stuck far below
-the ensemble's log density (a local mode of negligible mass) are reseated onto others (:func:`reseat_strays`).
+(:mod:`dhmc.distributed.stopping`), or after :data:`MAX_COLD` gradients, unless the ensemble is then still far from
+the typical set and nearing it (:attr:`ColdPhase.approaching`: up to :data:`MAX_COLD_FAR`). Between cold rounds,
+chains stuck far below the ensemble's log density (a local mode of negligible mass) are reseated onto others
+(:func:`reseat_strays`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from dhmc.core.adaptation import fisher
 from dhmc.distributed.stopping import critical_z, moment_drift, paired_drift
 
 COLD_ROUND = 20  # gradients per cold round (the drivers' synchronisation: see docs/design.md)
-MAX_COLD = 400  # the cold phase's gradients at most; the adjusted phase converges what is left
+MAX_COLD = 400  # the cold phase's gradients at most; the adjusted phase converges what is left ...
+MAX_COLD_FAR = 4000  # ... unless the ensemble is still far from equipartition and nearing it: then at most these
+FAR_EQUIPARTITION = 1.0  # far: the coordinates' Cov(x, -g) off from its stationary 1 by 1 on average (or more) ...
+FAR_LOOKBACK = 5  # ... and nearing: its equipartition below half what it was this many rounds before
 COLD_MIN_CHAINS = 8  # fewer chains: no cold phase (no ensemble to estimate its metric and step size from)
 COLD_START_STEP = 0.05  # the first cold step, times sqrt(d), in the start's gradient metric (LAPS: 0.01 sqrt(d))
 STRAY_IQRS = 10.0  # a cold chain whose log density is this many IQRs (and STRAY_NATS) below the median is stray
@@ -222,6 +227,7 @@ class ColdPhase:
         metric = np.eye(dim, dtype=self.dtype) if self.dense else np.ones(dim, self.dtype)
         self.params = {"step_size": np.asarray(-1.0, self.dtype), "inverse_mass_matrix": metric}
         self.grads, self.first, self.previous, self.passes, self.done = 0, 0, None, 0, False
+        self.equipartition: list[float] = []  # every round's
 
     @property
     def needs_gradients(self) -> bool:
@@ -268,8 +274,24 @@ class ColdPhase:
         self.passes = self.passes + 1 if passed else 0
         self.previous = (current.moments, iterations)
         self.params = {"step_size": np.asarray(eps, self.dtype), "inverse_mass_matrix": metric.astype(self.dtype)}
-        self.done = self.passes >= 2 or self.grads >= MAX_COLD
+        self.equipartition.append(record["equipartition"])
+        self.done = self.passes >= 2 or self.grads >= MAX_COLD_FAR or (self.grads >= MAX_COLD and not self.approaching)
         return record, end
+
+    @property
+    def approaching(self) -> bool:
+        """Whether the ensemble is still far from the typical set (its equipartition above :data:`FAR_EQUIPARTITION`)
+        and nearing it (below half its value :data:`FAR_LOOKBACK` rounds before): the cold phase goes on past
+        :data:`MAX_COLD`, one gradient an iteration, where the adjusted phase would crawl.
+
+        A regression on an uncentred covariate (posteriordb's kilpisjarvi: slope and intercept correlated -0.99999,
+        chains started 100 sds out, the noise scale at 5e4 times its posterior's) still read 4e14 at 400 gradients,
+        falling 40% a round; the adjusted phase took 108,000 gradients a chain from there (float64; float32 ran out of
+        warmup and draws, wrong). Cold for 550 more (to 3.8, a dense metric chosen on the way), the whole run took
+        2,800 (float64) and 4,000 (float32), both right.
+        """
+        e = self.equipartition
+        return len(e) > FAR_LOOKBACK and e[-1] > FAR_EQUIPARTITION and e[-1] < 0.5 * e[-1 - FAR_LOOKBACK]
 
     def _metric(self, moments: fisher.CrossMoments, end: np.ndarray, stats: list[dict],
                 stray: np.ndarray) -> np.ndarray:
@@ -285,6 +307,6 @@ class ColdPhase:
         return cold_metric(moments)
 
 
-__all__ = ["COLD_ROUND", "MAX_COLD", "ColdPhase", "ColdRound", "carried_step", "cold_applies", "cold_metric",
-           "dense_can_pay", "dense_metric", "drift", "estimate_rows", "merge_cold", "noise_condition", "reseat_strays",
-           "stray_chains", "wants_dense"]
+__all__ = ["COLD_ROUND", "FAR_EQUIPARTITION", "FAR_LOOKBACK", "MAX_COLD", "MAX_COLD_FAR", "ColdPhase", "ColdRound",
+           "carried_step", "cold_applies", "cold_metric", "dense_can_pay", "dense_metric", "drift", "estimate_rows",
+           "merge_cold", "noise_condition", "reseat_strays", "stray_chains", "wants_dense"]

@@ -57,11 +57,14 @@ def _adjusted_stats(x: np.ndarray, step: float, length: float) -> list[dict]:
              "divergences": 0, "grad_evals": len(part) * 100} for part in (x[: CHAINS // 2], x[CHAINS // 2:])]
 
 
-def _run(policy: warmup.Policy, draws, cold_shift=lambda r: 0.0, corr: float = 0.0) -> list[warmup.Step]:
+def _run(policy: warmup.Policy, draws, cold_shift=lambda r: 0.0, corr: float = 0.0,
+         cold_scale=lambda r: 1.0) -> list[warmup.Step]:
+    """Drive ``policy`` to its end; the cold rounds' ensembles shifted by ``cold_shift(r)`` sds and widened
+    ``cold_scale(r)`` times (the gradients stay the Gaussian's: a wider ensemble is far from equipartition)."""
     steps, positions, r = [], draws(0), 0
     while (step := policy.next()) is not None:
         steps.append(step)
-        end = draws(r + 1) if step.phase == "warmup" else draws(r + 1) + cold_shift(r) * SDS
+        end = draws(r + 1) if step.phase == "warmup" else (draws(r + 1) + cold_shift(r) * SDS) * cold_scale(r)
         stats = (_cold_stats(end, 0.5, corr) if step.phase == "cold"
                  else _adjusted_stats(end, 0.3, float(step.params["trajectory_length"])))
         if step.phase == "cold" and not step.gradients:  # as a worker returns them
@@ -97,6 +100,21 @@ def test_a_drifting_ensemble_stays_cold_until_the_cap():
     cold = [s for s in steps if s.phase == "cold"]
     assert sum(s.iterations + 1 for s in cold) >= cold_rounds.MAX_COLD
     assert steps[len(cold)].phase == "warmup"
+
+
+def test_an_ensemble_still_far_from_the_typical_set_and_nearing_it_stays_cold_past_the_cap():
+    """Chains 100 times too wide at the start, 20% nearer a round: still far at :data:`MAX_COLD` (its equipartition
+    about 25), so the cold phase goes on until the drift tests pass; a drifting ensemble far off that does not near it
+    (10 times too wide, round after round) stops at the cap."""
+    policy = _policy()
+    steps = _run(policy, _draws, cold_scale=lambda r: 1.0 + 100.0 * 0.8**r)
+    cold = sum(s.iterations + 1 for s in steps if s.phase == "cold")
+    assert cold_rounds.MAX_COLD + cold_rounds.COLD_ROUND < cold < cold_rounds.MAX_COLD_FAR
+    assert steps[-1].phase == "warmup"
+    policy = _policy()
+    steps = _run(policy, _draws, cold_shift=lambda r: 0.5 * r, cold_scale=lambda r: 10.0)
+    cold = sum(s.iterations + 1 for s in steps if s.phase == "cold")
+    assert cold_rounds.MAX_COLD <= cold < cold_rounds.MAX_COLD + 2 * cold_rounds.COLD_ROUND
 
 
 def test_dense_mass_none_chooses_a_dense_metric_for_a_correlated_ensemble_only():
