@@ -285,10 +285,10 @@ class ColdPhase:
         :data:`MAX_COLD`, one gradient an iteration, where the adjusted phase would crawl.
 
         A regression on an uncentred covariate (posteriordb's kilpisjarvi: slope and intercept correlated -0.99999,
-        chains started 100 sds out, the noise scale at 5e4 times its posterior's) still read 4e14 at 400 gradients,
-        falling 40% a round; the adjusted phase took 108,000 gradients a chain from there (float64; float32 ran out of
-        warmup and draws, wrong). Cold for 550 more (to 3.8, a dense metric chosen on the way), the whole run took
-        2,800 (float64) and 4,000 (float32), both right.
+        chains started up to 270 sds out, the noise scale at 5e4 times its posterior's) still read 4e14 at 400
+        gradients, falling 40% a round; the adjusted phase took 108,000 gradients a chain from there (float64;
+        float32 ran out of warmup and draws, wrong). Cold for 550 more (to 3.8, a dense metric chosen on the way),
+        the whole run took 2,800 (float64) and 4,000 (float32), both right.
         """
         e = self.equipartition
         return len(e) > FAR_LOOKBACK and e[-1] > FAR_EQUIPARTITION and e[-1] < 0.5 * e[-1 - FAR_LOOKBACK]

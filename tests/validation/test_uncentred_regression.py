@@ -2,8 +2,8 @@
 NumPyro model in float32, dhmc's defaults), against posteriordb's reference draws.
 
 Slope and intercept are correlated -0.99999, the noise scale's prior is flat, and the chains start ``U(-2, 2)``
-unconstrained: 270 slope sds out, with the noise scale at 5e4 times its posterior's. The cold phase's 400 gradients
-left the ensemble there, and the adjusted phase, whose one step size must suit every chain, crawled: 111,182
+unconstrained: up to 270 slope sds out, with the noise scale at 5e4 times its posterior's. The cold phase's 400
+gradients left the ensemble there, and the adjusted phase, whose one step size must suit every chain, crawled: 111,182
 sequential gradients a chain in float64, and in float32 it ran out of warmup and draws, wrong (warned).
 """
 
