@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 MODULES = ["throughput", "ess", "many_chains", "memory", "coin_toss_headline", "dhmc_overhead", "run", "scale",
-           "funnel_neck", "laplace_cost", "tail_noise"]
+           "funnel_neck", "laplace_cost", "tail_noise", "posteriordb_outside"]
 
 
 def _run(module, args, timeout):
@@ -36,6 +36,30 @@ def _run(module, args, timeout):
 @pytest.mark.parametrize("module", MODULES)
 def test_help(module):
     assert "usage" in _run(module, ["--help"], 60).lower()
+
+
+def test_posteriordb_outside_reads_a_clone_and_names_draws_as_stan(tmp_path):
+    """A posteriordb clone's files (a made-up one) and Stan's 1-based names for vector and matrix sites."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    from benchmarks import posteriordb_outside as po
+
+    root = tmp_path / "posterior_database"
+    (root / "posteriors").mkdir(parents=True)
+    (root / "data" / "data").mkdir(parents=True)
+    (root / "posteriors" / "p-m.json").write_text(json.dumps({"data_name": "p"}))
+    blob = io.BytesIO()
+    with zipfile.ZipFile(blob, "w") as z:
+        z.writestr("p.json", json.dumps({"y": [1, 2]}))
+    (root / "data" / "data" / "p.json.zip").write_bytes(blob.getvalue())
+    assert po.data(str(tmp_path), "p-m") == {"y": [1, 2]}
+    samples = {"sigma": np.zeros((2, 3)), "beta": np.arange(12.0).reshape(2, 3, 2), "m": np.zeros((2, 3, 2, 2))}
+    names = po.stan_names(samples, {"sigma", "beta[1]", "beta[2]", "m[2,1]"})
+    assert sorted(names) == ["beta[1]", "beta[2]", "m[2,1]", "sigma"]
+    np.testing.assert_array_equal(names["beta[2]"], samples["beta"][:, :, 1])
 
 
 def test_shell_scripts_parse():
