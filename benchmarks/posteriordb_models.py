@@ -25,12 +25,8 @@ def kilpisjarvi_data(d):
 
 
 # ---- garch-garch11 ----------------------------------------------------------------------------
-def garch11(y, sigma1):
-    mu = numpyro.sample("mu", flat())
-    alpha0 = numpyro.sample("alpha0", flat(constraints.positive))
-    alpha1 = numpyro.sample("alpha1", flat(constraints.unit_interval))
-    # Stan: real<lower=0, upper=(1 - alpha1)> beta1 with no statement: flat on (0, 1 - alpha1) (unnormalised)
-    beta1 = numpyro.sample("beta1", flat(constraints.interval(0.0, 1.0 - alpha1)))
+def _garch_likelihood(y, sigma1, mu, alpha0, alpha1, beta1):
+    """GARCH(1,1)'s observations given its parameters: each volatility from the previous one and observation."""
 
     def step(s_prev, y_prev):
         s = jnp.sqrt(alpha0 + alpha1 * (y_prev - mu) ** 2 + beta1 * s_prev**2)
@@ -39,6 +35,15 @@ def garch11(y, sigma1):
     _, rest = jax.lax.scan(step, sigma1 + 0.0 * mu, y[:-1])
     sigma = jnp.concatenate([jnp.reshape(sigma1 + 0 * mu, (1,)), rest])
     numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+def garch11(y, sigma1):
+    mu = numpyro.sample("mu", flat())
+    alpha0 = numpyro.sample("alpha0", flat(constraints.positive))
+    alpha1 = numpyro.sample("alpha1", flat(constraints.unit_interval))
+    # Stan: real<lower=0, upper=(1 - alpha1)> beta1 with no statement: flat on (0, 1 - alpha1) (unnormalised)
+    beta1 = numpyro.sample("beta1", flat(constraints.interval(0.0, 1.0 - alpha1)))
+    _garch_likelihood(y, sigma1, mu, alpha0, alpha1, beta1)
 
 
 def garch11_reparam(y, sigma1):
@@ -50,14 +55,7 @@ def garch11_reparam(y, sigma1):
     beta1_raw = numpyro.sample("beta1_raw", flat(constraints.unit_interval))
     beta1 = numpyro.deterministic("beta1", (1.0 - alpha1) * beta1_raw)
     numpyro.factor("beta1_jacobian", jnp.log1p(-alpha1))
-
-    def step(s_prev, y_prev):
-        s = jnp.sqrt(alpha0 + alpha1 * (y_prev - mu) ** 2 + beta1 * s_prev**2)
-        return s, s
-
-    _, rest = jax.lax.scan(step, sigma1 + 0.0 * mu, y[:-1])
-    sigma = jnp.concatenate([jnp.reshape(sigma1 + 0 * mu, (1,)), rest])
-    numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+    _garch_likelihood(y, sigma1, mu, alpha0, alpha1, beta1)
 
 
 def garch11_data(d):
