@@ -129,8 +129,8 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
             chain, y, eps, _, nans, fails = carry  # y: the chains' whitened positions
             length = alpha * jnp.sqrt(jnp.sum(jnp.var(y, axis=0)))
             new, d_energy = jax.vmap(lambda c: _step(logdensity_fn, c, eps, to_x, to_y_grad))(chain)
-            ok = (jnp.isfinite(new.logdensity) & jnp.isfinite(d_energy) & jnp.all(jnp.isfinite(new.position), 1)
-                  & jnp.all(jnp.isfinite(new.logdensity_grad), 1) & jnp.all(jnp.isfinite(new.velocity), 1))
+            ok = (_finite(new.logdensity, new.position, new.logdensity_grad) & jnp.isfinite(d_energy)
+                  & jnp.all(jnp.isfinite(new.velocity), 1))
             new = jax.tree.map(lambda a, b: jnp.where(ok.reshape(-1, *([1] * (a.ndim - 1))), a, b), new, chain)
             noise = jax.vmap(lambda k: transition_noise(jax.random.fold_in(k, first_iteration + i), y[0])[0])(keys)
             nu = jnp.sqrt(jnp.expm1(2.0 * eps / jnp.maximum(length, eps)) / dims)
