@@ -13,7 +13,7 @@ import pytest
 from jax.scipy.stats import norm
 
 import dhmc
-from dhmc.models.laplace import LaplaceTarget, latent_indices
+from dhmc.models.laplace import LaplaceTarget, latent_indices, scaled_cholesky
 from dhmc.models.logdensity import LogDensityTarget
 from dhmc.models.numpyro_ import NumPyroTarget
 from dhmc.models.reference import by_reference
@@ -59,6 +59,38 @@ def test_given_the_scales_the_latent_variables_are_standard_normal_whatever_the_
     on_z = lambda z: model.logdensity_fn(y.at[2:].set(z))
     np.testing.assert_allclose(jax.grad(on_z)(jnp.zeros(8)), 0.0, atol=1e-3)
     np.testing.assert_allclose(jax.hessian(on_z)(jnp.zeros(8)), -np.eye(8), atol=1e-3)
+
+
+def brownian_curvature(log_innovation: float, log_observation: float) -> np.ndarray:
+    """The Brownian motion's curvature in its 30 steps given its scales (``benchmarks.laps_targets``: steps drawn
+    at the innovation scale, their running sum observed at the observation scale but for 10 positions)."""
+    observed = np.ones(30, bool)
+    observed[10:20] = False
+    cumsum = np.tril(np.ones((30, 30)))[observed]
+    return np.eye(30) * np.exp(-2 * log_innovation) + cumsum.T @ cumsum * np.exp(-2 * log_observation)
+
+
+@pytest.mark.parametrize("log_observation, widest", [(-5.0, 1.01), (-7.0, 1.1), (-8.0, 1.5)])
+def test_float32_whitens_the_brownian_motions_deep_tail(log_observation, widest):
+    """In float32 the curvature's unit-diagonal scaling has condition 1e5-1e8 on the observation scale's tail; the
+    factor whitens it (the sds of ``z`` given the scales stay near 1) where the ridge of ``10 n eps`` that the factor
+    used before left them at 1.2, 5.0 and 13 (the chains' moves there a random walk: issue 27)."""
+    curvature = brownian_curvature(-1.44, log_observation)
+    factor = np.asarray(scaled_cholesky(jnp.asarray(curvature, jnp.float32)), np.float64)
+    whitened = np.linalg.solve(factor, np.linalg.solve(factor, curvature).T)  # L^-1 H L^-T: z's precision
+    sds = 1 / np.sqrt(np.linalg.eigvalsh(whitened))
+    assert sds.min() > 0.99 and sds.max() < widest
+
+
+def test_a_curvature_float32_cannot_factor_as_it_is_gets_the_larger_ridge():
+    """A unit-diagonal curvature with an eigenvalue of ``-5 eps`` (round-off) fails with the ridge ``eps`` and factors
+    with ``10 n eps``; the log-Jacobian's gradient through that choice is finite."""
+    eps = float(jnp.finfo(jnp.float32).eps)
+    curvature = jnp.asarray([[1.0, 1.0 + 5 * eps], [1.0 + 5 * eps, 1.0]], jnp.float32)
+    assert not np.isfinite(np.asarray(jnp.linalg.cholesky(curvature + eps * jnp.eye(2)))).all()
+    log_jacobian = lambda s: jnp.sum(jnp.log(jnp.diag(scaled_cholesky(curvature * s))))
+    assert np.isfinite(np.asarray(scaled_cholesky(curvature))).all()
+    assert np.isfinite(float(jax.grad(log_jacobian)(jnp.float32(2.0))))
 
 
 def test_a_batched_init_is_the_models_own_position_mapped_to_the_sampled_one():
