@@ -1,21 +1,18 @@
-"""The cold phase of ``warmup="auto"`` on the driver (pure NumPy): merging its rounds, its metric, its stray
-chains, when it ends, and the metric the adjusted phase starts in.
+"""The cold phase of ``warmup="auto"`` on the driver (pure NumPy): merging its rounds, its stray chains, when it
+ends, and the metric the adjusted phase starts in.
 
 Cold rounds (:mod:`dhmc.core.cold`) run unadjusted isokinetic steps, one gradient an iteration, whose step size
 every block re-estimates after every gradient from its chains' energy errors against an equipartition bias budget.
 Round 0 runs no step: it measures the start's positions and gradients. After each round the driver merges every
-block's moments of positions and gradients in chain order and sets the next round's metric and step size. The metric
-is diagonal, ``sqrt(Var x / Var g)`` (exact for Gaussian coordinates whatever the ensemble's spread:
-:mod:`dhmc.core.adaptation.fisher`), until the ensemble is correlated enough for a dense one to pay
-(:func:`wants_dense`, for ``dense_mass=None``; ``dense_mass=True``: from the first step), and from then on dense:
-the geometric mean of ``Cov x`` and ``Cov(g)^-1`` (:func:`dense_metric`, exact for any Gaussian whatever the
-ensemble's spread and orientation). The step size is the blocks', carried into the new metric so that no direction's
-step grows (:func:`carried_step`). The phase ends at the second round in a row of :data:`COLD_ROUND` gradients whose
-ensemble means and log variances agree with the previous round's and whose chains' own changes average to 0
-(:mod:`dhmc.distributed.stopping`), or after :data:`MAX_COLD` gradients, unless the ensemble is then still far from
-the typical set and nearing it (:attr:`ColdPhase.approaching`: up to :data:`MAX_COLD_FAR`). Between cold rounds,
-chains stuck far below the ensemble's log density (a local mode of negligible mass) are reseated onto others
-(:func:`reseat_strays`).
+block's moments of positions and gradients in chain order and sets the next round's metric and step size
+(:mod:`dhmc.distributed.cold_metric`: diagonal ``sqrt(Var x / Var g)`` until the ensemble is correlated enough for a
+dense one to pay, for ``dense_mass=None``; ``dense_mass=True``: dense from the first step; the blocks' step size
+carried into the new metric so that no direction's step grows). The phase ends at the second round in a row of
+:data:`COLD_ROUND` gradients whose ensemble means and log variances agree with the previous round's and whose
+chains' own changes average to 0 (:mod:`dhmc.distributed.stopping`), or after :data:`MAX_COLD` gradients, unless
+the ensemble is then still far from the typical set and nearing it (:attr:`ColdPhase.approaching`: up to
+:data:`MAX_COLD_FAR`). Between cold rounds, chains stuck far below the ensemble's log density (a local mode of
+negligible mass) are reseated onto others (:func:`reseat_strays`).
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dhmc.core.adaptation import fisher
+from dhmc.distributed import cold_metric as metrics
 from dhmc.distributed.stopping import critical_z, moment_drift, paired_drift
 
 COLD_ROUND = 20  # gradients per cold round (the drivers' synchronisation: see docs/design.md)
@@ -37,12 +35,6 @@ COLD_MIN_CHAINS = 8  # fewer chains: no cold phase (no ensemble to estimate its 
 COLD_START_STEP = 0.05  # the first cold step, times sqrt(d), in the start's gradient metric (LAPS: 0.01 sqrt(d))
 STRAY_IQRS = 10.0  # a cold chain whose log density is this many IQRs (and STRAY_NATS) below the median is stray
 STRAY_NATS = 10.0
-DENSE_CONDITION = 10.0  # dense_mass=None: a dense metric when the ensemble's correlation matrix has at least this
-DENSE_NOISE_MARGIN = 3.0  # condition number, and this many times an uncorrelated ensemble's of as many chains
-# (noise_condition) ...
-DENSE_CHAINS_PER_DIM = 2  # ... and the ensemble has this many chains per dimension to estimate it
-DENSE_MAX_DIM = 1000  # ... and the dimension is at most this (a dense step costs d^2)
-ESTIMATE_CHAINS = 8192  # a dense metric, and whether one pays, from at most this many chains (evenly spaced)
 
 
 @dataclass(frozen=True)
@@ -68,69 +60,6 @@ def merge_cold(stats: list[dict], weights: np.ndarray) -> ColdRound:
     return ColdRound(step, moments,
                      mean([float(s["energy_variance"]) for s in stats]), int(sum(int(s["nans"]) for s in stats)),
                      int(sum(int(s["grad_evals"]) for s in stats)))
-
-
-def cold_metric(moments: fisher.CrossMoments) -> np.ndarray:
-    """The cold phase's diagonal metric: ``sqrt(Var x / Var g)``, each coordinate clipped to ``1e-12 .. 1e12``
-    (1 where the ensemble gives nothing finite)."""
-    var = np.asarray(fisher.fisher_variance(moments, xp=np), np.float64)
-    return np.where(np.isfinite(var) & (var > 0), np.clip(var, 1e-12, 1e12), 1.0)
-
-
-def estimate_rows(chains: int) -> slice:
-    """The chains a dense estimate counts: all, or every ``k``-th for at most :data:`ESTIMATE_CHAINS`."""
-    k = -(-chains // ESTIMATE_CHAINS)
-    return slice(0, chains, k)
-
-
-def _power(a: np.ndarray, p: float) -> np.ndarray:
-    """``a^p`` of a symmetric positive semi-definite matrix, its eigenvalues floored at ``1e-12`` of the largest."""
-    w, v = np.linalg.eigh(a)
-    floor = max(1e-12 * float(w[-1]), np.finfo(np.float64).tiny)
-    return (v * np.maximum(w, floor) ** p) @ v.T
-
-
-def dense_metric(positions: np.ndarray, gradients: np.ndarray) -> np.ndarray | None:
-    """The dense counterpart of ``sqrt(Var x / Var g)``: the geometric mean ``A # B^-1 = A^1/2 (A^1/2 B A^1/2)^-1/2
-    A^1/2`` of the ensemble's ``A = Cov x`` and ``B = Cov g`` (the metric ``M^-1`` with ``M^-1 B M^-1 = A``).
-
-    For a Gaussian of precision ``P`` the gradients are ``-P (x - mu)``, so ``B = P A P`` over any ensemble and the
-    mean is ``P^-1`` exactly, whatever the ensemble's spread and orientation (:func:`cold_metric` is exact only for
-    uncorrelated coordinates; the ensemble's own covariance only once it has reached the posterior). Chains with a
-    position or gradient that is not finite are left out; None when what is left gives no positive-definite
-    metric (fewer chains than dimensions, a flat direction).
-    """
-    x, g = np.asarray(positions, np.float64), np.asarray(gradients, np.float64)
-    finite = np.all(np.isfinite(x), axis=1) & np.all(np.isfinite(g), axis=1)
-    x, g = x[finite], g[finite]
-    if x.shape[0] <= x.shape[1]:
-        return None
-    a, b = np.cov(x, rowvar=False), np.cov(g, rowvar=False)
-    # in the diagonal Fisher metric's units first: the powers below see the correlations, not the scales (the
-    # matrix A^1/2 B A^1/2 has the square of the condition number of the metric in A's units)
-    scale = np.sqrt(np.sqrt(np.diag(a) / np.diag(b)))
-    if not np.all(np.isfinite(scale) & (scale > 0)):
-        return None
-    a, b = a / np.outer(scale, scale), b * np.outer(scale, scale)
-    root = _power(a, 0.5)
-    metric = root @ _power(root @ b @ root, -0.5) @ root
-    metric = 0.5 * (metric + metric.T) * np.outer(scale, scale)
-    try:
-        np.linalg.cholesky(metric)
-    except np.linalg.LinAlgError:
-        return None
-    return metric if np.all(np.isfinite(metric)) else None
-
-
-def carried_step(step_size: float, old: np.ndarray, new: np.ndarray) -> float:
-    """A whitened step size moved from metric ``old`` to ``new`` (each ``(d,)`` or ``(d, d)``) so that no direction's
-    step grows: times the square root of the least eigenvalue of ``new^-1 old``."""
-    if old.ndim == 1 and new.ndim == 1:
-        return step_size * math.sqrt(float(np.min(old / new)))
-    full = lambda m: np.diag(m) if m.ndim == 1 else m
-    factor = np.linalg.cholesky(full(new))
-    whitened = np.linalg.solve(factor, np.linalg.solve(factor, full(old)).T)
-    return step_size * math.sqrt(max(float(np.linalg.eigvalsh(0.5 * (whitened + whitened.T))[0]), 0.0))
 
 
 def drift(current: fisher.CrossMoments, previous: fisher.CrossMoments, chains: int) -> tuple[float, float]:
@@ -177,45 +106,6 @@ def cold_applies(chains: int, dim: int) -> bool:
     return dim >= 2 and chains >= COLD_MIN_CHAINS
 
 
-def noise_condition(chains: int, dim: int) -> float:
-    """The condition number that noise alone gives the correlation matrix of ``chains`` independent draws of ``dim``
-    uncorrelated coordinates: Marchenko-Pastur's ``((1 + sqrt(g)) / (1 - sqrt(g)))^2``, ``g = dim / chains`` (1.24
-    for 3 coordinates of 1024 chains, 3.6 for 100, 34 for 501)."""
-    g = math.sqrt(dim / chains)
-    return ((1.0 + g) / (1.0 - g)) ** 2 if g < 1 else math.inf
-
-
-def dense_can_pay(chains: int, dim: int) -> bool:
-    """Whether :func:`wants_dense` may say yes for ``chains`` chains in ``dim`` dimensions: ``2 <= dim <=``
-    :data:`DENSE_MAX_DIM` and :data:`DENSE_CHAINS_PER_DIM` counted chains (:func:`estimate_rows`) per dimension."""
-    counted = len(range(chains)[estimate_rows(chains)])
-    return 2 <= dim <= DENSE_MAX_DIM and counted >= DENSE_CHAINS_PER_DIM * dim
-
-
-def wants_dense(positions: np.ndarray) -> bool:
-    """Whether a dense metric pays for this ensemble: enough chains to estimate one (:data:`DENSE_CHAINS_PER_DIM`
-    per dimension), a dimension of at most :data:`DENSE_MAX_DIM`, and a correlation matrix whose condition
-    number is at least :data:`DENSE_CONDITION` and :data:`DENSE_NOISE_MARGIN` times what noise alone gives it
-    (:func:`noise_condition`): what a diagonal metric leaves for the trajectories to cover, beyond what the
-    estimate itself adds.
-
-    An item-response model's mean ability is 20 times tighter given the abilities than alone (its sd 0.006 against
-    0.11): with 1024 chains in 501 dimensions (2 a dimension) a dense metric took 891 sequential gradients a chain
-    where the diagonal took 5,400. The Brownian motion written non-centred (32 dimensions) took 3,076 with a
-    dense metric and 16,818 with the diagonal one that 10 times the noise condition chose (``benchmarks/README.md``).
-    """
-    if not dense_can_pay(*positions.shape):
-        return False
-    x = np.asarray(positions[estimate_rows(positions.shape[0])], np.float64)
-    chains, dim = x.shape
-    sd = x.std(axis=0)
-    if not np.all(np.isfinite(sd) & (sd > 0)):
-        return False
-    eig = np.linalg.eigvalsh(np.corrcoef(x, rowvar=False))
-    threshold = max(DENSE_CONDITION, DENSE_NOISE_MARGIN * noise_condition(chains, dim))
-    return bool(eig[0] > 0 and eig[-1] / eig[0] >= threshold)
-
-
 class ColdPhase:
     """The cold phase's state across its rounds: :meth:`next` gives the next round's ``(first, iterations, params)``,
     :meth:`update` takes its merged block statistics; :attr:`done` once it has ended."""
@@ -232,9 +122,9 @@ class ColdPhase:
     @property
     def needs_gradients(self) -> bool:
         """Whether the next round's blocks must return their chains' end gradients: a dense metric is estimated
-        from them, so only while the metric is dense or may turn dense (:func:`dense_can_pay`). A 2,429-D model's
-        4096 chains would otherwise ship 40 MB of gradients a round for nothing."""
-        return self.dense or (self.choose and dense_can_pay(self.chains, self.dim))
+        from them, so only while the metric is dense or may turn dense (``cold_metric.dense_can_pay``). A 2,429-D
+        model's 4096 chains would otherwise ship 40 MB of gradients a round for nothing."""
+        return self.dense or (self.choose and metrics.dense_can_pay(self.chains, self.dim))
 
     def next(self) -> tuple[int, int, dict]:
         """The next round's first iteration, iterations (0: round 0, which measures the start) and parameters."""
@@ -247,7 +137,7 @@ class ColdPhase:
         current = merge_cold(stats, weights)
         logdensity = np.concatenate([np.asarray(s["logdensity"]) for s in stats])
         if self.choose and not self.dense:
-            self.dense = wants_dense(end)
+            self.dense = metrics.wants_dense(end)
         stray = stray_chains(logdensity)
         metric = self._metric(current.moments, end, stats, stray)
         end, reseated = reseat_strays(end, stray)
@@ -257,7 +147,7 @@ class ColdPhase:
         if iterations == 0 or not current.step_size > 0:  # the start (measured), or a step gone to 0
             eps = COLD_START_STEP * math.sqrt(self.dim)
         else:  # the blocks' step, carried so that no direction's step grows in the new metric
-            eps = carried_step(current.step_size, old, metric)
+            eps = metrics.carried_step(current.step_size, old, metric)
         record = {"phase": "cold", "round": index, "iterations": iterations, "step_size": eps,
                   "dense": metric.ndim == 2,
                   "equipartition": float(fisher.equipartition(current.moments, xp=np)),
@@ -295,18 +185,17 @@ class ColdPhase:
 
     def _metric(self, moments: fisher.CrossMoments, end: np.ndarray, stats: list[dict],
                 stray: np.ndarray) -> np.ndarray:
-        """The next round's metric: :func:`dense_metric` of the round's end (its ``stray`` chains left out) once
-        :attr:`dense`, else (or where the ensemble gives no dense one) :func:`cold_metric`."""
+        """The next round's metric: ``cold_metric.dense_metric`` of the round's end (its ``stray`` chains left out)
+        once :attr:`dense`, else (or where the ensemble gives no dense one) the diagonal ``cold_metric.cold_metric``."""
         if self.dense:
             kept = np.flatnonzero(~stray)
-            rows = kept[estimate_rows(len(kept))]
+            rows = kept[metrics.estimate_rows(len(kept))]
             gradients = np.concatenate([np.asarray(s["gradient"]) for s in stats])
-            metric = dense_metric(end[rows], gradients[rows])
+            metric = metrics.dense_metric(end[rows], gradients[rows])
             if metric is not None:
                 return metric
-        return cold_metric(moments)
+        return metrics.cold_metric(moments)
 
 
 __all__ = ["COLD_ROUND", "FAR_EQUIPARTITION", "FAR_LOOKBACK", "MAX_COLD", "MAX_COLD_FAR", "ColdPhase", "ColdRound",
-           "carried_step", "cold_applies", "cold_metric", "dense_can_pay", "dense_metric", "drift", "estimate_rows",
-           "merge_cold", "noise_condition", "reseat_strays", "stray_chains", "wants_dense"]
+           "cold_applies", "drift", "merge_cold", "reseat_strays", "stray_chains"]

@@ -34,7 +34,7 @@ class RunSpec:
     num_steps: int | None
     trajectory_length: float | None
     adapt: bool
-    dense_mass: bool | None  # None: warmup="auto" chooses (cold_rounds.wants_dense), the choice replaces it
+    dense_mass: bool | None  # None: warmup="auto" chooses (cold_metric.wants_dense), the choice replaces it
     target_accept: float
     chains_per_task: int
     draws_per_segment: int

@@ -162,7 +162,7 @@ class Policy:
         The starting parameters (:func:`dhmc.distributed.runner.initial_params`, or adapted ones).
     auto, adapt, dense, cold
         ``warmup="auto"``; adaptation; a dense metric (None: the cold phase decides,
-        :func:`~dhmc.distributed.cold_rounds.wants_dense`; read it back from :attr:`dense`); a cold phase first
+        :func:`~dhmc.distributed.cold_metric.wants_dense`; read it back from :attr:`dense`); a cold phase first
         (``auto`` and ``adapt`` only, where :func:`cold_applies`).
     chains, dim, dtype
         The ensemble's size, the dimension and the positions' dtype.
@@ -222,7 +222,7 @@ class Policy:
 
     def _hand_over(self, end: np.ndarray, dense: bool) -> None:
         """The adjusted phase starts in the (co)variance of the cold phase's end positions (dense where the cold
-        phase's metric was: for a ``dense_mass`` left to dhmc, :func:`~dhmc.distributed.cold_rounds.wants_dense`
+        phase's metric was: for a ``dense_mass`` left to dhmc, :func:`~dhmc.distributed.cold_metric.wants_dense`
         chose it), its step size searched, its trajectory :data:`START_LENGTH` sds of the ensemble's widest whitened
         direction.
 

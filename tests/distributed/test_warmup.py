@@ -10,7 +10,7 @@ import pytest
 
 from dhmc.core.adaptation import fisher
 from dhmc.core.adaptation.welford import welford
-from dhmc.distributed import cold_rounds, warmup
+from dhmc.distributed import cold_metric, cold_rounds, warmup
 
 DIM, CHAINS = 3, 512
 SDS = np.array([0.1, 1.0, 10.0])
@@ -139,8 +139,8 @@ def test_cold_blocks_return_their_gradients_only_where_a_dense_metric_may_use_th
         assert not any(s.gradients for s in steps if s.phase == "warmup")
     few = cold_rounds.ColdPhase(chains=2 * DIM * 100 - 1, dim=DIM * 100, dtype=np.float32)
     assert not few.needs_gradients and cold_rounds.ColdPhase(2 * DIM * 100, DIM * 100, np.float32).needs_gradients
-    assert not cold_rounds.ColdPhase(4096, cold_rounds.DENSE_MAX_DIM + 1, np.float32).needs_gradients
-    assert cold_rounds.ColdPhase(4096, cold_rounds.DENSE_MAX_DIM + 1, np.float32, dense=True).needs_gradients
+    assert not cold_rounds.ColdPhase(4096, cold_metric.DENSE_MAX_DIM + 1, np.float32).needs_gradients
+    assert cold_rounds.ColdPhase(4096, cold_metric.DENSE_MAX_DIM + 1, np.float32, dense=True).needs_gradients
 
 
 def test_the_users_dense_mass_holds_through_the_cold_phase():
