@@ -4,6 +4,7 @@ reimplement in NumPy (no ArviZ, xarray or scipy import), vectorized over scalars
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 
@@ -124,6 +125,19 @@ def test_ess_sd_gives_the_error_of_a_heavy_tails_sd():
     spread = np.std(sds) / np.mean(sds)
     assert 0.8 < spread * np.sqrt(2 * np.mean(ess)) < 1.4 and spread * np.sqrt(2 * 32 * 40) > 1.5
     assert ess_sd(np.ones((4, 9))) == 4 * 2 * 4 and np.isnan(ess_sd(np.ones((4, 3))))
+
+
+def test_ess_sd_does_not_promise_a_sd_its_few_far_draws_cannot_give():
+    """Independent draws, 1% of them 7 times wider (kurtosis 34): 64 chains x 20 draws hold some 13 far draws,
+    whose number sets both the sd and the kurtosis read. The sd lies within twice the error ``1 / sqrt(2 ess_sd)``
+    says in 92% of 1000 ensembles; with the kurtosis as read (no margin) in 83%."""
+    rng = np.random.default_rng(5)
+    true_sd = math.sqrt(0.99 + 0.01 * 49.0)
+    misses = 0
+    for _ in range(1000):
+        x = rng.normal(size=(64, 20)) * np.where(rng.random((64, 20)) < 0.01, 7.0, 1.0)
+        misses += abs(x.std() / true_sd - 1) > 2 / math.sqrt(2 * ess_sd(x))
+    assert misses < 110
 
 
 def test_the_monitor_reports_arviz_ess():
