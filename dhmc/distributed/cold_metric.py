@@ -1,8 +1,8 @@
 """The cold phase's metric (pure NumPy): diagonal from the ensemble's positions and gradients, dense once the
 ensemble is correlated enough for one to pay, and the step size carried from one metric into the next.
 
-The diagonal metric is ``sqrt(Var x / Var g)`` (:func:`cold_metric`: exact for Gaussian coordinates whatever the
-ensemble's spread, :mod:`dhmc.core.adaptation.fisher`); the dense one the geometric mean of ``Cov x`` and
+The diagonal metric is ``sqrt(Var x / Var g)`` (:func:`diagonal_metric`: exact for Gaussian coordinates whatever
+the ensemble's spread, :mod:`dhmc.core.adaptation.fisher`); the dense one the geometric mean of ``Cov x`` and
 ``Cov(g)^-1`` (:func:`dense_metric`: exact for any Gaussian whatever the ensemble's spread and orientation), chosen
 for ``dense_mass=None`` by :func:`wants_dense`. :mod:`dhmc.distributed.cold_rounds` runs the phase with them.
 """
@@ -23,7 +23,7 @@ DENSE_MAX_DIM = 1000  # ... and the dimension is at most this (a dense step cost
 ESTIMATE_CHAINS = 8192  # a dense metric, and whether one pays, from at most this many chains (evenly spaced)
 
 
-def cold_metric(moments: fisher.CrossMoments) -> np.ndarray:
+def diagonal_metric(moments: fisher.CrossMoments) -> np.ndarray:
     """The cold phase's diagonal metric: ``sqrt(Var x / Var g)``, each coordinate clipped to ``1e-12 .. 1e12``
     (1 where the ensemble gives nothing finite)."""
     var = np.asarray(fisher.fisher_variance(moments, xp=np), np.float64)
@@ -48,8 +48,8 @@ def dense_metric(positions: np.ndarray, gradients: np.ndarray) -> np.ndarray | N
     A^1/2`` of the ensemble's ``A = Cov x`` and ``B = Cov g`` (the metric ``M^-1`` with ``M^-1 B M^-1 = A``).
 
     For a Gaussian of precision ``P`` the gradients are ``-P (x - mu)``, so ``B = P A P`` over any ensemble and the
-    mean is ``P^-1`` exactly, whatever the ensemble's spread and orientation (:func:`cold_metric` is exact only for
-    uncorrelated coordinates; the ensemble's own covariance only once it has reached the posterior). Chains with a
+    mean is ``P^-1`` exactly, whatever the ensemble's spread and orientation (:func:`diagonal_metric` is exact only
+    for uncorrelated coordinates; the ensemble's own covariance only once it has reached the posterior). Chains with a
     position or gradient that is not finite are left out; None when what is left gives no positive-definite
     metric (fewer chains than dimensions, a flat direction).
     """
@@ -126,5 +126,5 @@ def wants_dense(positions: np.ndarray) -> bool:
 
 
 __all__ = ["DENSE_CHAINS_PER_DIM", "DENSE_CONDITION", "DENSE_MAX_DIM", "DENSE_NOISE_MARGIN", "ESTIMATE_CHAINS",
-           "carried_step", "cold_metric", "dense_can_pay", "dense_metric", "estimate_rows", "noise_condition",
+           "carried_step", "dense_can_pay", "dense_metric", "diagonal_metric", "estimate_rows", "noise_condition",
            "wants_dense"]

@@ -186,7 +186,7 @@ class ColdPhase:
     def _metric(self, moments: fisher.CrossMoments, end: np.ndarray, stats: list[dict],
                 stray: np.ndarray) -> np.ndarray:
         """The next round's metric: ``cold_metric.dense_metric`` of the round's end (its ``stray`` chains left out)
-        once :attr:`dense`, else (or where the ensemble gives no dense one) the diagonal ``cold_metric.cold_metric``."""
+        once :attr:`dense`, else (or where the ensemble gives no dense one) ``cold_metric.diagonal_metric``."""
         if self.dense:
             kept = np.flatnonzero(~stray)
             rows = kept[metrics.estimate_rows(len(kept))]
@@ -194,7 +194,7 @@ class ColdPhase:
             metric = metrics.dense_metric(end[rows], gradients[rows])
             if metric is not None:
                 return metric
-        return metrics.cold_metric(moments)
+        return metrics.diagonal_metric(moments)
 
 
 __all__ = ["COLD_ROUND", "FAR_EQUIPARTITION", "FAR_LOOKBACK", "MAX_COLD", "MAX_COLD_FAR", "ColdPhase", "ColdRound",
