@@ -1,40 +1,24 @@
-"""Blocks on a cluster: submit them, wait for them without hanging, merge warmup, stream draws to a sink.
+"""One sampling job on a cluster: warmup's rounds as its policy asks, then sampling's waves streamed to a sink.
 
-This is the one module that owns a ``Client``'s futures. Blocks are submitted per chunk of chains;
-each chunk's next segment is submitted as soon as its previous one is in the sink, so a store always
-holds a prefix of every chunk and a resume continues exactly where the data ends.
-
-Waiting never hangs: every second the runner checks for worker processes that died (on the
-embedded cluster, which records them) and for a run in which no block finished for
-``dhmc.block-timeout``; the scheduler's ``KilledWorker`` and ``no-workers-timeout`` end it elsewhere.
+Blocks are submitted per chunk of chains (through the run's :class:`~dhmc.distributed.dispatch.Dispatcher`, which
+owns the futures and never hangs); each chunk's next segment is submitted as soon as its previous one is in the
+sink, so a store always holds a prefix of every chunk and a resume continues exactly where the data ends.
 """
 
 from __future__ import annotations
 
-import queue
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from dhmc.distributed import config, warmup
+from dhmc.distributed import warmup
+from dhmc.distributed.dispatch import Dispatcher
 from dhmc.distributed.health import Health
 from dhmc.distributed.observers import Observers
 from dhmc.distributed.spec import RunSpec
-from dhmc.distributed.worker import BlockResult, Job, run_job
-
-RETRYABLE = ("CommClosedError", "FutureCancelledError", "CancelledError")  # lost, not crashed: sent again
-TICK = 1.0  # seconds between health checks while waiting
-
-
-@dataclass
-class _Block:
-    job: Job
-    key: str
-    future: object
-    tag: tuple
-    retries: int = 0
+from dhmc.distributed.worker import Job
 
 
 class Runner:
@@ -73,17 +57,11 @@ class Runner:
         # sampling + writing: the sampling phase's wall time, writing the driver's part of it (its sink);
         # worker_writing: the seconds workers spent writing their blocks to a store, in parallel with it
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0, "worker_writing": 0.0}
-        self.max_retries = int(config.get("allowed-failures"))
         self.health = Health(client, spec.model, self.run_id, store)
+        self.dispatch = Dispatcher(client, self.health)
         self.compiled_dense = bool(spec.dense_mass)
-        direct = config.get("direct-to-workers")
-        in_process = getattr(getattr(client, "cluster", None), "scheduler", None) is not None
-        self.direct = bool(in_process if direct is None else direct)  # results straight from the workers
-        self._arrived: queue.SimpleQueue = queue.SimpleQueue()  # futures as they finish (their done callbacks)
-        self._live: dict[str, _Block] = {}  # the blocks submitted and not yet taken, by their futures' keys
-        self._outbox: list[_Block] = []  # blocks to send at the next wait
 
-    # -- submission and waiting ---------------------------------------------------------------
+    # -- blocks -------------------------------------------------------------------------------
     def _job(self, phase, chunk, first, n, positions, params, **kw) -> Job:
         chains = self.spec.geometry.chunk(chunk)
         dense = np.ndim(params["inverse_mass_matrix"]) == 2  # a cold phase's metric may turn dense mid-phase
@@ -102,85 +80,11 @@ class Runner:
         except Exception:  # noqa: BLE001 - workers compile for themselves
             return None
 
-    def _submit(self, job: Job, key: str, tag) -> _Block:
-        """A block for ``job``, sent with the others submitted meanwhile when the runner next waits (:meth:`_post`)."""
-        block = _Block(job, key, None, tag)
-        self._outbox.append(block)
-        return block
-
-    def _post(self) -> None:
-        """Send the blocks submitted since the last post (or sent again, after a lost connection) in one message,
-        each as a new future watched until it finishes."""
-        if not self._outbox:
-            return
-        blocks, self._outbox = self._outbox, []
-        keys = [f"{b.key}-{uuid.uuid4().hex[:6]}" for b in blocks]
-        futures = self.client.map(run_job, [b.job for b in blocks], key=keys, pure=False, retries=0)
-        for block, future in zip(blocks, futures, strict=True):
-            block.future = future
-            self._live[future.key] = block
-            future.add_done_callback(self._arrived.put)
-
     def _finished(self, blocks: dict):
-        """Yield lists of ``(tag, result)`` as the blocks in ``blocks`` (keyed by tag) finish, each list the blocks
-        that arrived together (their results fetched in one request); ``blocks`` may grow meanwhile.
-
-        Each finished future reports itself once (a done callback), so waiting costs the same whatever the number
-        of blocks out: no pass over them per block.
-        """
-        last = time.monotonic()
-        while blocks:
-            self._post()
-            try:
-                arrived = [self._arrived.get(timeout=TICK)]
-            except queue.Empty:
-                self.health.check((b.job for b in blocks.values()), time.monotonic() - last)
-                continue
-            while not self._arrived.empty():
-                arrived.append(self._arrived.get())
-            ready = [self._live.pop(f.key) for f in arrived if f.key in self._live and self._live[f.key].future is f]
-            if not ready:  # a cancelled block of an earlier round, or a future sent again
-                continue
-            last = time.monotonic()
-            batch = []
-            for block, result in self._results(ready):
-                if result is None:  # lost to a dropped connection: sent again
-                    block.retries += 1
-                    self._outbox.append(block)
-                    continue
-                del blocks[block.tag]
-                self.timing["compile"] = max(self.timing["compile"], result.compile_seconds)
-                batch.append((block.tag, result))
-            if batch:
-                yield batch
-
-    def _results(self, ready: list[_Block]) -> list[tuple[_Block, BlockResult | None]]:
-        """The blocks' results: those that finished, in one request; the others one by one (see :meth:`_result`)."""
-        finished = [b for b in ready if b.future.status == "finished"]
-        try:
-            values = self.client.gather([b.future for b in finished], direct=self.direct)
-            values = dict(zip(map(id, finished), values, strict=True))
-        except Exception:  # noqa: BLE001 - one was lost meanwhile: each on its own, as the others are
-            values = {}
-        return [(b, values[id(b)] if id(b) in values else self._result(b)) for b in ready]
-
-    def _result(self, block: _Block) -> BlockResult | None:
-        """The block's result, None for one to send again, or the error that ends the run."""
-        future = block.future
-        if future.status == "finished":
-            return future.result()
-        error = future.exception()
-        name = type(error).__name__
-        if name == "KilledWorker":
-            last = getattr(error.last_worker, "name", None) or getattr(error.last_worker, "address", "?")
-            count = error.allowed_failures + 1
-            raise self.health.crash_error(f"a {block.job.describe()} of model {self.spec.model!r} killed {count} "
-                                          f"worker(s)", str(last)) from None
-        if name == "NoWorkerError":
-            raise self.health.no_workers_error(getattr(error, "timeout", None)) from None
-        if name in RETRYABLE and block.retries < self.max_retries:
-            return None
-        future.result()  # raises the user's own exception, with its traceback
+        """The dispatcher's batches of finished blocks (:meth:`Dispatcher.finished`), the longest compile kept."""
+        for batch in self.dispatch.finished(blocks):
+            self.timing["compile"] = self.dispatch.compile_seconds
+            yield batch
 
     # -- warmup -------------------------------------------------------------------------------
     def warmup(self, positions: np.ndarray, params: dict) -> tuple[np.ndarray, dict, list[dict]]:
@@ -207,7 +111,7 @@ class Runner:
                 job = self._job(step.phase, c, step.first, step.iterations, positions[chains.start:chains.stop],
                                 step.params, adapt=step.adapt, collect_mass=step.collect_mass,
                                 find_step=step.adapt, gradients=step.gradients)
-                blocks[c] = self._submit(job, f"{self.run_id}-{step.phase}-{step.index}-{c}", c)
+                blocks[c] = self.dispatch.submit(job, f"{self.run_id}-{step.phase}-{step.index}-{c}", c)
             results = {}
             try:
                 for batch in self._finished(blocks):
@@ -216,7 +120,7 @@ class Runner:
                         self.observers.tell("warmup_block", step.index, max(rounds, step.index + 1), c, result,
                                             len(results), geometry.num_chunks)
             finally:
-                self._cancel(blocks)
+                self.dispatch.cancel(blocks)
             results = [results[c] for c in range(geometry.num_chunks)]
             for c, result in enumerate(results):
                 if result.warmup_draws is not None:  # save_warmup
@@ -259,7 +163,8 @@ class Runner:
             job = self._job("sample", chunk, first, geometry.draws_per_segment, positions, params,
                             keep_draws=len(draws), store=self.sink.destination(chunk, segment),
                             head_chains=monitor.chains_at(segment + 1) if self.sink.workers_write else 0)
-            blocks[chunk, segment] = self._submit(job, f"{self.run_id}-sample-{chunk}-{segment}", (chunk, segment))
+            key = f"{self.run_id}-sample-{chunk}-{segment}"
+            blocks[chunk, segment] = self.dispatch.submit(job, key, (chunk, segment))
 
         def check_waves() -> bool:
             """Check the waves completed since the last check; release held chunks; True to stop."""
@@ -295,38 +200,14 @@ class Runner:
                 self.sink.flush()  # the batch's done flags, in one write
                 self.timing["writing"] += time.perf_counter() - t
                 if check_waves():
-                    self._drain(blocks)
+                    if self.sink.workers_write:  # let blocks writing to a store finish (it is trimmed next)
+                        self.dispatch.wait(blocks)
                     return monitor.waves + 1
         finally:  # what has arrived reaches the sink, also when the run is interrupted
-            self._cancel(blocks)
+            self.dispatch.cancel(blocks)
             self.sink.close()
             self.timing["sampling"] = time.perf_counter() - start - self.timing["writing"]
         return geometry.num_segments
-
-    def _drain(self, blocks: dict) -> None:
-        """Let blocks that are writing to a store finish (a stopped run trims the store next)."""
-        if not self.sink.workers_write or not blocks:
-            return
-        from distributed import wait
-
-        try:
-            with self.client.as_current():
-                wait([b.future for b in blocks.values() if b.future is not None],
-                     timeout=self.health.block_timeout or None)
-        except Exception:  # noqa: BLE001 - their draws are not kept anyway
-            pass
-
-    def _cancel(self, blocks: dict) -> None:
-        """Cancel blocks still queued or running (a run that ended early leaves no work behind)."""
-        self._outbox = [b for b in self._outbox if b.tag not in blocks]  # never sent
-        sent = [b.future for b in blocks.values() if b.future is not None]
-        for future in sent:
-            self._live.pop(future.key, None)
-        if sent:
-            try:
-                self.client.cancel(sent)
-            except Exception:  # noqa: BLE001 - the cluster may be gone already
-                pass
 
 
 def initial_params(spec: RunSpec, dim: int, dtype) -> dict:
