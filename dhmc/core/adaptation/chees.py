@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from dhmc.types import Array
 
-__all__ = ["halton", "whitener", "CheesState", "Chees", "chees_trajectory"]
+__all__ = ["halton", "whitener", "leave_one_out_mean", "CheesState", "Chees", "chees_trajectory"]
 
 
 def halton(index: Array, base: int = 2) -> Array:
@@ -46,6 +46,22 @@ def whitener(inverse_mass_matrix: Array):
     chol = jnp.linalg.cholesky(inverse_mass_matrix)
     inverse = jnp.linalg.inv(chol)  # once per block: applying it is then a matrix product
     return lambda x: x @ inverse.T
+
+
+def leave_one_out_mean(x: Array) -> Array:
+    """Each row's centre: the mean of the other rows ``(n, d)`` (one row: itself).
+
+    ChEES measures each chain's squared distance from the ensemble's mean. A block's mean that counts the chain
+    itself moves with it: ``||x' - c||^2 - ||x - c||^2`` gains ``2 (1 - rho) d / n`` on average for a chain whose
+    end decorrelates from its start by ``rho``, which grows with the trajectory. With blocks of 16 chains in 501
+    dimensions (an item-response model's: a dense metric leaves 16 chains a core's cache) that bias, 60 against
+    the statistic's spread of 45, pushed ``T`` up round after round (2.5, 3.2, 2.9 where blocks of 64 or more
+    chains settled at 1.5-1.8). Without the chain, the centre is independent of it, and the bias is gone.
+    """
+    n = x.shape[0]
+    if n == 1:
+        return x
+    return (jnp.sum(x, axis=0) - x) / (n - 1)
 
 
 class CheesState(NamedTuple):
@@ -97,7 +113,7 @@ def chees_trajectory(
         weight = jnp.where(diverging | ~ok, 0.0, acceptance)
         total = jnp.sum(weight) + 1e-10
         proposal = jnp.where(ok[:, None], proposal, start)
-        centre = start.mean(axis=0)
+        centre = leave_one_out_mean(start)
         start_centred = whiten(start - centre)
         proposal_centred = whiten(proposal - centre)
         velocity = whiten(jnp.where(ok[:, None], proposal_velocity, 0.0))
