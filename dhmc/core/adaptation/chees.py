@@ -27,7 +27,8 @@ import jax.numpy as jnp
 
 from dhmc.types import Array
 
-__all__ = ["halton", "whitener", "leave_one_out_mean", "CheesState", "Chees", "chees_trajectory"]
+__all__ = ["halton", "whitener", "leave_one_out_mean", "chees_gradient", "CheesState", "Chees",
+           "chees_trajectory"]
 
 
 def halton(index: Array, base: int = 2) -> Array:
@@ -82,6 +83,31 @@ class Chees(NamedTuple):
     final: callable
 
 
+def chees_gradient(log_length, time, step_size, start, proposal, proposal_velocity, acceptance, diverging, whiten):
+    """d/d(log T) of the ensemble's ChEES per gradient, times the gradients per draw (Adam drops the scale), from
+    one transition of a block of chains (arrays ``(chains, d)``; each chain centred on :func:`leave_one_out_mean`).
+
+    ``time`` is the transition's integration time ``n eps``, ``n = ceil(u T / eps)``: the pathwise
+    derivative of the end point in ``log T`` is its velocity times ``time`` (``u T`` undercounts
+    it by up to half when ``T`` is a step or two), and a draw costs ``E n = T / (2 eps) + 1/2``
+    gradients, whose log-derivative is ``T / (T + eps)``.
+    """
+    ok = jnp.isfinite(proposal).all(axis=1) & jnp.isfinite(proposal_velocity).all(axis=1)
+    weight = jnp.where(diverging | ~ok, 0.0, acceptance)
+    total = jnp.sum(weight) + 1e-10
+    proposal = jnp.where(ok[:, None], proposal, start)
+    centre = leave_one_out_mean(start)
+    start_centred = whiten(start - centre)
+    proposal_centred = whiten(proposal - centre)
+    velocity = whiten(jnp.where(ok[:, None], proposal_velocity, 0.0))
+    change = jnp.sum(proposal_centred**2, axis=1) - jnp.sum(start_centred**2, axis=1)
+    d_chees = time * change * jnp.sum(proposal_centred * velocity, axis=1)
+    length = jnp.exp(log_length)
+    per_chain = d_chees - 0.25 * change**2 * length / (length + step_size)
+    per_chain = jnp.where(jnp.isfinite(per_chain), per_chain, 0.0)
+    return jnp.sum(weight * per_chain) / total
+
+
 def chees_trajectory(
     learning_rate: float = 0.1, beta1: float = 0.8, beta2: float = 0.95, decay: float = 0.5, max_update: float = 0.35
 ) -> Chees:
@@ -101,32 +127,9 @@ def chees_trajectory(
         zero = jnp.zeros_like(log_t)
         return CheesState(log_t, log_t, zero, zero, zero)
 
-    def gradient(log_length, time, step_size, start, proposal, proposal_velocity, acceptance, diverging, whiten):
-        """d/d(log T) of the ensemble's ChEES per gradient, times the gradients per draw (Adam drops the scale).
-
-        ``time`` is the transition's integration time ``n eps``, ``n = ceil(u T / eps)``: the pathwise
-        derivative of the end point in ``log T`` is its velocity times ``time`` (``u T`` undercounts
-        it by up to half when ``T`` is a step or two), and a draw costs ``E n = T / (2 eps) + 1/2``
-        gradients, whose log-derivative is ``T / (T + eps)``.
-        """
-        ok = jnp.isfinite(proposal).all(axis=1) & jnp.isfinite(proposal_velocity).all(axis=1)
-        weight = jnp.where(diverging | ~ok, 0.0, acceptance)
-        total = jnp.sum(weight) + 1e-10
-        proposal = jnp.where(ok[:, None], proposal, start)
-        centre = leave_one_out_mean(start)
-        start_centred = whiten(start - centre)
-        proposal_centred = whiten(proposal - centre)
-        velocity = whiten(jnp.where(ok[:, None], proposal_velocity, 0.0))
-        change = jnp.sum(proposal_centred**2, axis=1) - jnp.sum(start_centred**2, axis=1)
-        d_chees = time * change * jnp.sum(proposal_centred * velocity, axis=1)
-        length = jnp.exp(log_length)
-        per_chain = d_chees - 0.25 * change**2 * length / (length + step_size)
-        per_chain = jnp.where(jnp.isfinite(per_chain), per_chain, 0.0)
-        return jnp.sum(weight * per_chain) / total
-
     def update(state, time, step_size, start, proposal, proposal_velocity, acceptance, diverging, whiten, longest):
-        grad = gradient(state.log_length, time, step_size, start, proposal, proposal_velocity, acceptance, diverging,
-                        whiten)
+        grad = chees_gradient(state.log_length, time, step_size, start, proposal, proposal_velocity, acceptance,
+                              diverging, whiten)
         step = state.step + 1
         m = beta1 * state.adam_m + (1 - beta1) * grad
         v = beta2 * state.adam_v + (1 - beta2) * grad**2
