@@ -164,11 +164,9 @@ class NumPyroTarget:
         """The model as sampled: the user's, or with ``noncentered`` its hierarchical loc-scale sites non-centred."""
         if not self.noncentered:
             return self.model
-        from numpyro import handlers
-        from numpyro.infer.reparam import LocScaleReparam
+        from dhmc.models.numpyro_noncentred import noncentred
 
-        sites = noncentred_sites(self.model, self.model_args, self.model_kwargs)
-        return handlers.reparam(self.model, config={name: LocScaleReparam(0) for name in sites})
+        return noncentred(self.model, self.model_args, self.model_kwargs)
 
     def _init_strategy(self):
         """NumPyro's init strategy for ``init``; None for the default uniform start."""
@@ -232,51 +230,6 @@ def _check_init_support(model, args, kwargs, init: dict) -> None:
 PRIOR_STREAM = 2**32 - 2  # keys of prior draws: fold_in data no kernel iteration reaches
 
 
-def noncentred_sites(model, args=(), kwargs=None, option: str = "noncentered=True") -> list[str]:
-    """The latent sites of ``model`` that ``LocScaleReparam(0)`` can non-centre and that a hierarchy makes worth it:
-    real support, a ``loc`` and a ``scale`` (under any ``expand``/``to_event``), and at least one other latent site
-    they depend on (``numpyro.infer.inspect.get_dependencies``). ``option`` names what asked, in the error of a
-    model whose dependencies cannot be traced."""
-    from numpyro import handlers
-    from numpyro.distributions import constraints
-    from numpyro.infer.inspect import get_dependencies
-
-    kwargs = kwargs or {}
-    try:
-        depends = get_dependencies(model, args, kwargs)["prior_dependencies"]
-    except Exception as e:  # noqa: BLE001 - reported in the user's terms
-        raise ValueError(f"{option} could not trace the model's dependencies ({type(e).__name__}: {e}); "
-                         + ("name its latent variables" if option.startswith("laplace") else
-                            "write the hierarchy non-centred yourself")) from None
-    sites: list[tuple[str, bool, bool]] = []  # (name, latent, loc-scale) of each sample site, in order
-
-    def collect():
-        trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
-        sites.extend((n, not s.get("is_observed"), loc_scale(s["fn"])) for n, s in trace.items()
-                     if s["type"] == "sample")
-        return 0
-
-    def loc_scale(fn) -> bool:
-        """What ``LocScaleReparam(0)`` rebuilds as ``type(fn)(loc=..., scale=...)``: a real location-scale family
-        with no other required parameter (not StudentT's ``df``), under ``expand``/``to_event`` only."""
-        import inspect
-
-        from numpyro.distributions import ExpandedDistribution, Independent
-
-        while isinstance(fn, ExpandedDistribution | Independent):
-            fn = fn.base_dist
-        support = fn.support.base_constraint if isinstance(fn.support, constraints.independent) else fn.support
-        if not (hasattr(fn, "loc") and hasattr(fn, "scale") and support is constraints.real):
-            return False
-        required = {n for n, p in inspect.signature(type(fn)).parameters.items()
-                    if p.default is inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD}
-        return required <= {"loc", "scale"}
-
-    jax.eval_shape(collect)  # traced (as get_dependencies traces it), not run op by op: 1.2 s of CPU eagerly
-    latent = {n for n, is_latent, _ in sites if is_latent}
-    return [n for n, is_latent, ls in sites if is_latent and ls and (set(depends.get(n, {})) & latent) - {n}]
-
-
 def _latent(trace) -> dict:
     """The latent sample sites of a NumPyro trace (name: site), in trace order."""
     return {name: site for name, site in trace.items() if site["type"] == "sample" and not site["is_observed"]}
@@ -329,4 +282,4 @@ def numpyro_model(fn: Callable) -> Callable:
     return fn
 
 
-__all__ = ["NumPyroTarget", "is_numpyro_model", "numpyro_model", "plate_dims", "noncentred_sites"]
+__all__ = ["NumPyroTarget", "is_numpyro_model", "numpyro_model", "plate_dims"]

@@ -14,7 +14,8 @@ from dhmc.models.base import TRACING, FlatModel
 from dhmc.models.examples import Labelled, example
 from dhmc.models.laplace import LaplaceTarget
 from dhmc.models.logdensity import LogDensityTarget
-from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model, noncentred_sites
+from dhmc.models.numpyro_ import NumPyroTarget, is_numpyro_model
+from dhmc.models.numpyro_noncentred import noncentred_sites
 from dhmc.models.pymc_ import PyMCTarget, is_bambi_model, is_model_factory, is_pymc_model, pymc_target
 from dhmc.models.reference import ReferenceTarget, bind, import_reference, is_reference
 

@@ -11,7 +11,7 @@ import numpyro.distributions as dist
 import pytest
 
 import dhmc
-from dhmc.models.numpyro_ import NumPyroTarget, noncentred_sites
+from dhmc.models.numpyro_ import NumPyroTarget
 
 SIGMA = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
 Y = jnp.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
@@ -23,16 +23,6 @@ def centred(sigma, y):
     with numpyro.plate("school", y.shape[0]):
         theta = numpyro.sample("theta", dist.Normal(mu, tau))
         numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
-
-
-def flat(sigma, y):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
-
-
-def test_only_sites_whose_loc_or_scale_depend_on_latent_sites_are_non_centred():
-    assert noncentred_sites(centred, (SIGMA, Y)) == ["theta"]  # mu's loc and scale are constants; tau: no loc
-    assert noncentred_sites(flat, (SIGMA, Y)) == []
 
 
 def test_the_non_centred_model_reports_the_site_and_its_standard_normal():
@@ -50,18 +40,6 @@ def test_noncentered_needs_a_model_and_says_so_before_any_work():
     with pytest.raises(ValueError, match=r"noncentered=True needs a NumPyro or PyMC model; .* is a log density"):
         dhmc.sample(lambda p: -0.5 * jnp.sum(p["x"] ** 2), init={"x": jnp.zeros(2)}, noncentered=True,
                     cluster="tcp://127.0.0.1:1")  # never reached
-
-
-def test_sites_loc_scale_reparam_cannot_rebuild_stay_centred():
-    """StudentT needs its df (LocScaleReparam rebuilds type(fn)(loc, scale)); a masked site is not unwrapped."""
-
-    def model():
-        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
-        numpyro.sample("a", dist.StudentT(3.0, mu, 1.0))
-        numpyro.sample("b", dist.Normal(mu, 1.0).mask(False))
-        numpyro.sample("c", dist.Normal(mu, 1.0).expand([3]).to_event(1))
-
-    assert noncentred_sites(model) == ["c"]
 
 
 def test_an_init_naming_a_non_centred_site_says_what_to_give_instead():
