@@ -87,6 +87,28 @@ def test_the_auto_rule_waits_for_a_heavy_tails_sd():
     assert z["converged"] and 0.5 * 6400 < z["params"]["t"]["ess_sd"] < 1.5 * 6400
 
 
+def test_the_auto_rule_reads_a_large_ensembles_sd_from_the_chains_it_reads():
+    """4096 chains, 1024 of them read: the bulk and tail ESS scale to the ensemble, the sd's does not (a heavy tail
+    fills in time per chain, not with more chains). Student-t draws whose sd's ESS is short of the target in the
+    1024 chains read, and would meet it four times over, do not stop the run; the same draws read as a 1024-chain
+    run's give the same sd ESS."""
+    rng = np.random.default_rng(7)
+    large = ConvergenceMonitor(SimpleNamespace(chains=4096, target_ess=2000.0, geometry=Geometry(4096, 40, 256, 10)),
+                               sink=None)
+    small = ConvergenceMonitor(SimpleNamespace(chains=1024, target_ess=2000.0, geometry=Geometry(1024, 40, 64, 10)),
+                               sink=None)
+    assert large.chains_at(1) == small.chains_at(1) == 64  # per chunk: 1024 chains read either way
+    for chunk in range(16):
+        draws = {"t": rng.standard_t(3.0, size=(64, 10))}
+        large.add(chunk, 0, SimpleNamespace(head_draws=draws))
+        small.add(chunk, 0, SimpleNamespace(head_draws=draws))
+    big, read = large.measure(1), small.measure(1)
+    t = big["params"]["t"]
+    assert t["ess_sd"] == read["params"]["t"]["ess_sd"] < 2000 < 4 * t["ess_sd"]
+    assert min(t["ess_bulk"], t["ess_tail"]) > 2000 and t["ess_bulk"] == 4 * read["params"]["t"]["ess_bulk"]
+    assert not big["converged"] and big["min_ess"] == t["ess_sd"]
+
+
 def test_start_memory_is_noise_for_chains_that_forgot_their_start():
     """Independent draws (normal, and Student-t with 3 degrees of freedom, whose squares have no variance: their
     correlation read z = 15 by chance, where the distances' stays near normal): the largest z over 8 scalars stays
