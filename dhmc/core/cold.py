@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from dhmc.core.adaptation.chees import whitener
-from dhmc.core.adaptation.fisher import CrossMoments, cross_moments, equipartition_for
+from dhmc.core.adaptation.fisher import CrossMoments, cross_moments, equipartition
 from dhmc.core.mams import preconditioner, velocity_update
 from dhmc.core.metropolis import transition_noise
 from dhmc.types import Array, LogDensityFn
@@ -43,7 +43,6 @@ START_NOISE = 2**31  # fold_in data of a chain's start direction where it has no
 COLD_STREAM = 2**32 - 3  # fold_in data no adjusted iteration reaches (predictive draws: 2**32 - 1)
 ALPHA = 1.9  # L = ALPHA sqrt(sum of whitened variances): BlackJAX's laps default (the paper's 2)
 BIAS_SCALE = 0.1  # C of the step-size law (BlackJAX's laps default)
-BIAS_CHAINS = 1024  # every block reads the equipartition with the noise of this many chains, whatever its size
 MAX_FACTOR = 3.0  # the step size changes by at most this factor per gradient, either way
 
 
@@ -142,7 +141,7 @@ def cold_chunk(logdensity_fn: LogDensityFn, alpha: float = ALPHA, bias_scale: fl
             mean_de = jnp.sum(d_energy) / n_ok
             eevpd = jnp.sum(good * (d_energy - mean_de) ** 2) / n_ok / dims
             y = whiten(new.position)
-            bias = equipartition_for(y, new.whitened_grad, good, BIAS_CHAINS)
+            bias = equipartition(cross_moments(y, new.whitened_grad, good))
             wanted = bias_scale * bias ** (3.0 / 8.0)
             factor = jnp.clip((wanted / jnp.maximum(eevpd, jnp.finfo(dtype).tiny)) ** (1.0 / 6.0),
                               1.0 / MAX_FACTOR, MAX_FACTOR)

@@ -19,8 +19,7 @@ import jax.numpy as jnp
 
 from dhmc.types import Array
 
-__all__ = ["CrossMoments", "cross_moments", "merge", "variances", "equipartition", "equipartition_for",
-           "fisher_variance"]
+__all__ = ["CrossMoments", "cross_moments", "merge", "variances", "equipartition", "fisher_variance"]
 
 
 class CrossMoments(NamedTuple):
@@ -66,25 +65,6 @@ def equipartition(m: CrossMoments, xp=jnp) -> Array:
     """``mean_i (1 - Cov(x_i, -g_i))^2``: 0 at stationarity (up to the ensemble's noise, ``~2 / n``)."""
     _, _, cov = variances(m, xp)
     return xp.mean((1.0 + cov) ** 2)
-
-
-def equipartition_for(x: Array, g: Array, weight: Array, chains: float, xp=jnp) -> Array:
-    """:func:`equipartition` of the batch ``(n, d)`` as ``chains`` chains would read it, on average.
-
-    Each ``Cov(x_i, -g_i)`` read from ``n`` chains is off by a variance ``s_i^2 / n`` (``s_i^2``: the
-    variance of one chain's centred product), which :func:`equipartition` adds: ``2 / n`` on a Gaussian at
-    stationarity, 0.125 for a block of 16 chains, and 0.002 for 1024. This replaces the batch's ``mean_i
-    s_i^2 / n`` by ``mean_i s_i^2 / chains`` (and never reads below that), so any batch of an ensemble's chains
-    measures the same thing, the equipartition's own part the same and its noise floor the same.
-    """
-    m = cross_moments(x, g, weight, xp)
-    w = weight.astype(x.dtype)
-    n = xp.maximum(m.count, 3)
-    product = xp.where(w[:, None] > 0, (x - m.mean_x) * (g - m.mean_g), 0)
-    spread = xp.mean(xp.sum(w[:, None] * (product - m.m_xg / n) ** 2, 0)) / (n - 1)  # mean_i s_i^2, read from n
-    spread = spread * n / (n - 2)  # the centred products spread less than the chains' own (a Gaussian's: by this)
-    floor = spread / chains
-    return xp.maximum(equipartition(m, xp) - spread / (n - 1) + floor, floor)
 
 
 def fisher_variance(m: CrossMoments, xp=jnp) -> Array:
