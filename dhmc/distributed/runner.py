@@ -47,18 +47,17 @@ class Runner:
 
     def __init__(self, client, spec: RunSpec, model_blob: bytes, model_token: str, dtype, sink,
                  observers: Observers | None = None, executables=None, store=None, run_id: str | None = None):
-        self.client, self.spec, self.dtype = client, spec, np.dtype(dtype)
+        self.spec, self.dtype = spec, np.dtype(dtype)
         # as an array, the pickled target travels beside a job's pickle, not in it: in it, a target defined in a
         # script's __main__ made Dask pickle every job a second time, with cloudpickle (~0.4 ms a block)
         self.blob = np.frombuffer(model_blob, np.uint8)
-        self.token, self.sink, self.store = model_token, sink, store
+        self.token, self.sink = model_token, sink
         self.observers, self.executables = observers or Observers(), executables or {}
         self.run_id = run_id or f"dhmc-{uuid.uuid4().hex[:8]}"
         # sampling + writing: the sampling phase's wall time, writing the driver's part of it (its sink);
         # worker_writing: the seconds workers spent writing their blocks to a store, in parallel with it
         self.timing = {"compile": 0.0, "warmup": 0.0, "sampling": 0.0, "writing": 0.0, "worker_writing": 0.0}
-        self.health = Health(client, spec.model, self.run_id, store)
-        self.dispatch = Dispatcher(client, self.health)
+        self.dispatch = Dispatcher(client, Health(client, spec.model, self.run_id, store))
         self.compiled_dense = bool(spec.dense_mass)
 
     # -- blocks -------------------------------------------------------------------------------
