@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dhmc.diagnostics import nested_rhat
 from dhmc.distributed.monitor import ConvergenceMonitor
 from dhmc.distributed.warmup import auto_rounds, fixed_rounds
 from dhmc.geometry import Geometry, default_chains_per_task, default_draws_per_segment
@@ -28,15 +27,6 @@ def test_segments_and_rounds_add_up():
     assert sum(fixed_rounds(1000)) == 1000 and len(fixed_rounds(1000)) == 5
     assert fixed_rounds(50) == [50] and fixed_rounds(0) == []
     assert sum(auto_rounds(1010)) == 1010 and auto_rounds(60) == [25, 25, 10]
-
-
-def test_nested_rhat_detects_a_stuck_superchain():
-    rng = np.random.default_rng(0)
-    good = rng.normal(size=(64, 20))
-    assert nested_rhat(good, 8) < 1.01
-    bad = good.copy()
-    bad[:8] += 3.0
-    assert nested_rhat(bad, 8) > 1.1
 
 
 def test_the_monitor_measures_every_scalar_and_flags_disagreeing_chains():

@@ -1,6 +1,5 @@
-"""Convergence statistics of many chains (pure NumPy): split and nested R-hat, the superchains the latter
-groups chains into, and bulk and tail ESS (ArviZ's, without importing it). The stopping rule, the end-of-run
-check and ``dhmc.diagnostics`` share them."""
+"""Bulk, tail and sd effective sample sizes of many chains (pure NumPy): ArviZ's bulk and tail ESS, without
+importing it, and the ESS of a scalar's sd."""
 
 from __future__ import annotations
 
@@ -8,107 +7,10 @@ import math
 
 import numpy as np
 
-__all__ = ["EBFMI_MIN", "EBFMI_CHAINS", "ebfmi", "ebfmi_warning", "nested_rhat", "split_rhat", "superchains",
-           "max_nested_rhat", "ess_bulk", "ess_tail", "ess_sd"]
+__all__ = ["KURTOSIS_SE", "ess_bulk", "ess_sd", "ess_tail"]
 
-EBFMI_MIN = 0.3  # Stan's threshold: below it, the momentum's resampling changes the energy too little
-EBFMI_CHAINS = 4096  # the chains E-BFMI reads (the first): enough for its estimate, bounded for a store of millions
 KURTOSIS_SE = 2.0  # ess_sd's kurtosis: the estimate plus this many of its standard errors
 _BATCH_DRAWS = 2 ** 22  # ESS takes the scalars in batches of about this many draws: its memory is some 10 times theirs
-
-
-def nested_rhat(draws: np.ndarray, superchains: int):
-    """Nested R-hat (Margossian et al. 2024) of ``draws`` with shape ``(chains, draws, ...)``.
-
-    Chains are grouped in order into ``superchains`` groups of equal size. It stays meaningful for
-    many short chains, where split R-hat needs long ones. A float for 2-d ``draws``, else an array
-    over the trailing dims.
-    """
-    chains, n = draws.shape[:2]
-    if superchains < 2 or chains % superchains:
-        raise ValueError(f"{chains} chains cannot be split into {superchains} superchains of equal size")
-    x = np.asarray(draws, float).reshape(superchains, chains // superchains, n, *draws.shape[2:])
-    chain_means = x.mean(axis=2)
-    between = chain_means.mean(axis=1).var(axis=0, ddof=1)
-    m = x.shape[1]
-    zeros = np.zeros_like(chain_means[:, 0])
-    between_chains = chain_means.var(axis=1, ddof=1) if m > 1 else zeros
-    within_chains = x.var(axis=2, ddof=1).mean(axis=1) if n > 1 else zeros
-    within = (between_chains + within_chains).mean(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rhat = np.where(within > 0, np.sqrt(1.0 + between / within), np.nan)
-    return float(rhat) if rhat.ndim == 0 else rhat
-
-
-def ebfmi(energy: np.ndarray) -> float:
-    """The ensemble's energy Bayesian fraction of missing information (Betancourt 2016) of ``energy`` with shape
-    ``(chains, draws)`` (an array, or an xarray DataArray sliced before it is read) over its first
-    :data:`EBFMI_CHAINS` chains: the mean squared change of a chain's energy from one draw to the next over the
-    energy's variance across those chains' draws (NaN with fewer than two draws).
-
-    Each refresh of HMC's momentum moves the energy by about the kinetic energy's spread; where the energy's
-    marginal is much wider (a funnel's neck, a heavy tail) the chains take many draws to cross it, and an
-    ensemble that started outside it fills it slowly. The variance is the ensemble's, not each chain's: a short
-    chain's own energy spans only its neighbourhood, which makes Stan's per-chain fraction read high for many
-    short chains. A Gaussian gives about 1; the centred eight schools and the Brownian motion with unknown
-    scales (whose sds come out 10-20% small) give 0.13-0.16 at 1024 chains.
-    """
-    e = np.asarray(energy[:EBFMI_CHAINS], np.float64)
-    if e.ndim != 2 or e.shape[1] < 2:
-        return math.nan
-    var = float(e.var())
-    return float(np.mean(np.square(np.diff(e, axis=1))) / var) if var > 0 else math.nan
-
-
-def ebfmi_warning(fraction: float) -> str:
-    """What an E-BFMI below :data:`EBFMI_MIN` means, in words (the run's warning and ``dhmc summary``'s)."""
-    return (f"E-BFMI {fraction:.2f} is below {EBFMI_MIN}: the chains change their energy slowly, so a funnel's neck "
-            "or a heavy tail may be under-explored and the sds too small; reparameterise (a hierarchy: "
-            "noncentered=True, or laplace= where the data squeeze it too)")
-
-
-def split_rhat(draws: np.ndarray):
-    """Split R-hat (Gelman et al. 2013) of ``draws`` shaped ``(chains, draws, ...)``, vectorized over trailing dims.
-
-    Each chain's halves count as two chains, so a chain that drifts raises it as surely as chains
-    that disagree. NaN with fewer than 4 draws per chain.
-    """
-    n = draws.shape[1] // 2
-    if n < 2:
-        return np.full(draws.shape[2:], np.nan) if draws.ndim > 2 else float("nan")
-    halves = (draws[:, :n], draws[:, draws.shape[1] - n:])  # views: no float64 copy of every draw
-    within = np.concatenate([h.var(axis=1, ddof=1, dtype=float) for h in halves]).mean(axis=0)
-    between = n * np.concatenate([h.mean(axis=1, dtype=float) for h in halves]).var(axis=0, ddof=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rhat = np.sqrt(((n - 1) / n * within + between / n) / within)
-    return float(rhat) if rhat.ndim == 0 else rhat
-
-
-def superchains(chunks: int, used: int) -> int:
-    """Superchains for nested R-hat: the chunks (more than :data:`MAX_SUPERCHAINS`: the most groups of consecutive
-    chunks, an equal number each, up to it), or for one chunk (a GPU's) up to 16 groups of >= 16 chains.
-
-    More, smaller superchains raise nested R-hat's noise floor at a few draws a chain: 4096 chains in 64 chunks,
-    16 monitored chains each, needed 2-3 waves of 10 draws to read below 1.01 where 1024 chains in 16 chunks of 64
-    needed one.
-    """
-    if chunks >= 2:  # the most groups of whole chunks, at most MAX_SUPERCHAINS; the chunks if none divides them
-        return next((g for g in range(min(chunks, MAX_SUPERCHAINS), 1, -1) if chunks % g == 0), chunks)
-    return next((g for g in (16, 8, 4, 2) if used >= 16 * g), 2 if used >= 4 else 0)
-
-
-MAX_SUPERCHAINS = 16
-
-
-def max_nested_rhat(draws: dict[str, np.ndarray], superchains: int) -> float:
-    """Largest nested R-hat over every scalar of ``draws`` (``{name: (chains, draws, ...)}``), the chains cut
-    to a multiple of ``superchains``; 1.0 without superchains or any finite value."""
-    if not superchains:
-        return 1.0
-    used = next(iter(draws.values())).shape[0]
-    rhats = np.concatenate([np.ravel(nested_rhat(v[:used - used % superchains], superchains))
-                            for v in draws.values()])
-    return float(np.nanmax(rhats)) if np.isfinite(rhats).any() else 1.0
 
 
 def ess_bulk(draws: np.ndarray):
