@@ -1,12 +1,12 @@
 """A PyMC model (or a Bambi model's PyMC model) as a flat unconstrained log density, through PyMC's JAX backend.
 
-PyMC and PyTensor are imported only here, and only when a PyMC model is given: :func:`is_pymc_model` and
-:func:`is_bambi_model` tell one by its class's module, without importing either.
+PyMC and PyTensor are imported only when a PyMC model is given: :func:`is_pymc_model` and :func:`is_bambi_model`
+tell one by its class's module, without importing either. Its graphs become JAX functions in
+:mod:`dhmc.models.pymc_jax`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from dhmc.models.base import FlatModel, flat_variables
+from dhmc.models.pymc_jax import jaxified, predictive_fn
 
 __all__ = ["PyMCTarget", "pymc_target", "is_pymc_model", "is_bambi_model", "is_model_factory", "pymc_model_of",
            "use_model_precision"]
@@ -109,22 +110,6 @@ def use_model_precision() -> None:
     jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
 
 
-def jax_backend():
-    """``pymc.sampling.jax``, imported without its side effects on this process: its import sets x64 from floatX
-    (a worker keeps the precision of its run) and ``XLA_FLAGS`` to 100 host devices (the driver's programs, compiled
-    for that, would not run on workers of one device; embedded workers would inherit it)."""
-    x64, flags = jax.config.jax_enable_x64, os.environ.get("XLA_FLAGS")
-    try:
-        import pymc.sampling.jax as backend
-    finally:
-        jax.config.update("jax_enable_x64", x64)
-        if flags is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = flags
-    return backend
-
-
 @dataclass(frozen=True, eq=False)
 class PyMCTarget:
     """A ``pymc.Model``, sampled on the unconstrained scale of its value variables.
@@ -202,7 +187,6 @@ class PyMCTarget:
         return prior, {k: np.asarray(v) for k, v in values.items() if k in observed}
 
     def build(self) -> FlatModel:
-        get_jaxified_graph = jax_backend().get_jaxified_graph
         from pymc.backends.arviz import coords_and_dims_for_inferencedata, find_constants, find_observations
         from pymc.util import get_default_varnames
 
@@ -216,8 +200,8 @@ class PyMCTarget:
         if self.var_names is not None:
             outputs = [v for v in outputs if v.name in self.var_names]
 
-        logp = _jaxified(self, get_jaxified_graph, values, [model.logp()], "its log density")
-        to_constrained = _jaxified(self, get_jaxified_graph, values, outputs, "its free variables and deterministics")
+        logp = jaxified(self.model, self.name, values, [model.logp()], "its log density")
+        to_constrained = jaxified(self.model, self.name, values, outputs, "its free variables and deterministics")
         names = [v.name for v in outputs]
 
         def logdensity(x):
@@ -237,13 +221,13 @@ class PyMCTarget:
         pointwise = None
         if self.log_likelihood:
             rvs = list(model.observed_RVs)
-            elementwise = _jaxified(self, get_jaxified_graph, values, model.logp(rvs, sum=False),
-                                    "its pointwise log-likelihood")
+            elementwise = jaxified(self.model, self.name, values, model.logp(rvs, sum=False),
+                                   "its pointwise log-likelihood")
 
             def pointwise(x):
                 return dict(zip([rv.name for rv in rvs], elementwise(*unravel(x)), strict=True))
 
-        predictive = _predictive(self, values, unravel) if self.predictive else None
+        predictive = predictive_fn(self.model, self.name, values, unravel) if self.predictive else None
         constant = {k: np.asarray(v) for k, v in find_constants(model).items()}
         coords, dims = coords_and_dims_for_inferencedata(model)
         stored = {*names, *observed, *constant}
@@ -262,58 +246,3 @@ class PyMCTarget:
 
         return make_initial_point_fn(model=self.model, overrides=dict(self.init), jitter_rvs=set(),
                                      return_transformed=True)(0)
-
-
-def _jaxified(target: PyMCTarget, get_jaxified_graph, inputs, outputs, what: str):
-    """PyTensor's JAX function of ``outputs``; an Op with no JAX implementation is one line naming the variable."""
-    try:
-        return get_jaxified_graph(inputs=inputs, outputs=outputs)
-    except NotImplementedError as e:
-        raise ValueError(f"the PyMC model {target.name!r} cannot run in JAX: {_culprit(target.model)}uses an Op with "
-                         f"no JAX implementation ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                         "register one with pytensor.link.jax.dispatch.jax_funcify, or write it with PyTensor "
-                         f"operations that have one (while compiling {what})") from None
-
-
-def _culprit(model) -> str:
-    """``"variable 'x' "``: the first variable whose own log density (or a deterministic's value) does not compile
-    to JAX; empty if none alone fails."""
-    get_jaxified_graph = jax_backend().get_jaxified_graph
-    values = list(model.value_vars)
-    parts = [(rv.name, [model.logp(vars=[rv])]) for rv in [*model.free_RVs, *model.observed_RVs]]
-    parts += [(d.name, model.replace_rvs_by_values([d])) for d in model.deterministics]
-    for name, graph in parts:
-        try:
-            get_jaxified_graph(inputs=values, outputs=graph)
-        except NotImplementedError:
-            return f"variable {name!r} "
-        except Exception:  # noqa: BLE001,S112 - only a missing JAX implementation is looked for
-            continue
-    return ""
-
-
-def _predictive(target: PyMCTarget, values, unravel):
-    """``(flat position, key) -> {observed name: draw}``: each observed variable drawn with JAX given the free
-    variables' values (their value variables, transformed back), one PyTensor random stream per observed variable."""
-    from pymc.logprob.utils import replace_rvs_by_values
-    from pytensor.graph.replace import clone_replace
-    from pytensor.graph.traversal import graph_inputs
-    from pytensor.tensor.random.type import RandomType
-
-    model = target.model
-    free = set(model.free_RVs)
-    observed = list(model.observed_RVs)
-    graphs = replace_rvs_by_values(observed, rvs_to_values={rv: model.rvs_to_values[rv] for rv in free},
-                                   rvs_to_transforms={rv: t for rv, t in model.rvs_to_transforms.items()
-                                                      if rv in free})
-    rngs = [v for v in graph_inputs(graphs) if isinstance(v.type, RandomType)]
-    streams = [v.type() for v in rngs]
-    graphs = clone_replace(graphs, replace=dict(zip(rngs, streams, strict=True)))
-    draw = _jaxified(target, jax_backend().get_jaxified_graph, [*values, *streams], graphs, "its posterior predictive")
-    names = [rv.name for rv in observed]
-
-    def predictive(x, key):
-        keys = [{"jax_state": k} for k in jax.random.split(key, max(len(streams), 1))[: len(streams)]]
-        return dict(zip(names, draw(*unravel(x), *keys), strict=True))
-
-    return predictive

@@ -15,7 +15,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import dhmc  # noqa: E402
-from dhmc.models.pymc_ import PyMCTarget, is_pymc_model, jax_backend, pymc_target  # noqa: E402
+from dhmc.models.pymc_ import PyMCTarget, is_pymc_model, pymc_target  # noqa: E402
+from dhmc.models.pymc_jax import jax_backend  # noqa: E402
 from tests.validation.pymc_models import eight_schools_noncentered  # noqa: E402
 
 NOWHERE = "tcp://127.0.0.1:9"  # a cluster that is never reached: the errors below come before any connection
