@@ -71,7 +71,7 @@ def check(trace: xr.DataTree, table=None) -> list[str]:
     last = history[-1].get("check", {}) if history else {}
     if last and not last.get("converged"):
         warnings.append(f"warmup='auto' reached its cap ({adjusted_iterations(history)} iterations) before "
-                        f"the ensemble converged ({describe(last)})")
+                        f"the ensemble converged (the last round's {describe(history[-1])})")
     fraction = ebfmi(trace)
     if fraction < EBFMI_MIN:
         warnings.append(ebfmi_warning(fraction))

@@ -148,7 +148,7 @@ def _after_warmup(run: RunContext, runner: Runner, sink, history: list[dict], pa
     last = history[-1].get("check", {}) if history else {}
     if history and not last.get("converged"):
         warnings.warn(f"warmup='auto' reached max_warmup={spec.max_warmup} before the ensemble converged (the "
-                      f"last round's {stopping.describe(last)}); the draws may still be biased: check R-hat, or "
+                      f"last round's {stopping.describe(history[-1])}); the draws may still be biased: check R-hat, or "
                       "raise max_warmup", ConvergenceWarning, stacklevel=4)
     return _respec(run, runner, sink, replace(spec, warmup=iterations, dense_mass=dense))
 

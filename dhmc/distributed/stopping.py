@@ -68,10 +68,27 @@ class Check:
         return {k: (v if isinstance(v, bool) else round(float(v), 4)) for k, v in self.__dict__.items()}
 
 
-def describe(check: dict) -> str:
-    """What a round's recorded check (:meth:`Check.as_dict`) measured, in words, for a warning."""
-    return (f"drift |z| {check['drift_mean']:.3g} (mean) and {check['drift_variance']:.3g} (variance) of at most "
-            f"{check['critical']:.3g}, displacement {check['displacement']:.3g} of at least {MIN_DISPLACEMENT}")
+def describe(record: dict) -> str:
+    """What an adjusted round's record (its ``iterations`` and :meth:`Check.as_dict` as ``check``) measured, in
+    words, each test against its limit, and which failed: for a warning that warmup did not converge."""
+    c = {"drift_mean": math.inf, "drift_variance": math.inf, "paired_drift": math.inf, "critical": math.inf,
+         "displacement": 0.0, "step_change": math.inf, "length_change": 0.0, **record.get("check", {})}
+    percent = lambda log_change: f"{100 * math.expm1(log_change):.0f}%" if math.isfinite(log_change) else "inf"
+    max_step = MAX_STEP_CHANGE * (record.get("iterations") or STEP_CHANGE_ITERATIONS) / STEP_CHANGE_ITERATIONS
+    drift = max(c["drift_mean"], c["drift_variance"], c["paired_drift"])
+    tests = [(f"drift |z| {c['drift_mean']:.3g} (mean), {c['drift_variance']:.3g} (variance) and "
+              f"{c['paired_drift']:.3g} (paired) of at most {c['critical']:.3g}", "drift", drift < c["critical"]),
+             (f"displacement {c['displacement']:.3g} of at least {MIN_DISPLACEMENT}", "displacement",
+              c["displacement"] >= MIN_DISPLACEMENT),
+             (f"step size change {percent(c['step_change'])} of at most {percent(max_step)}", "step size",
+              c["step_change"] < max_step),
+             (f"trajectory length change {percent(c['length_change'])} of at most {percent(MAX_LENGTH_CHANGE)}",
+              "trajectory length", c["length_change"] < MAX_LENGTH_CHANGE)]
+    failed = [name for _, name, ok in tests if not ok]
+    verdict = f"failed: {', '.join(failed)}" if failed else \
+        ("passed, but warmup stops only at the second passing round in a row" if c.get("passed")
+         else "failed: step size change over the last two rounds")
+    return f"{'; '.join(text for text, _, _ in tests)}; {verdict}"
 
 
 def critical_z(dim: int) -> float:

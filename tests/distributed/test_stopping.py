@@ -85,3 +85,20 @@ def test_a_paired_test_counts_the_first_1024_chains_of_a_larger_ensemble():
     assert stopping.paired_drift(start, end) == stopping.paired_drift(start[:1024], end[:1024])
     counted = {n: len(range(n)[stopping.drift_chains(n)]) for n in (1000, 1500, 4096, 5000)}
     assert counted == {1000: 1000, 1500: 1024, 4096: 1024, 5000: 1024}
+
+
+def test_a_warning_names_the_test_that_kept_warmup_going():
+    """The eight schools' 10th round at seed 0 failed only on its step size (0.147 -> 0.179 in 15 iterations)."""
+    check = {"drift_mean": 0.86, "drift_variance": 1.04, "paired_drift": 2.6, "critical": 3.48, "displacement": 0.9,
+             "step_change": 0.197, "length_change": 0.03, "passed": False}
+    text = stopping.describe({"iterations": 15, "check": check})
+    assert "step size change 22% of at most 17%" in text and text.endswith("failed: step size")
+    rng = np.random.default_rng(0)
+    start, end = rng.normal(size=(64, 3)), rng.normal(size=(64, 3))
+    first = stopping.describe({"iterations": 15, "check": stopping.converged(_round(rng.normal(size=(64, 8, 3))),
+                                                                             None, start, end, 64).as_dict()})
+    assert first.endswith("failed: drift, step size")  # no round before to compare with
+    text = stopping.describe({"iterations": 15, "check": dict(check, step_change=0.1, passed=True)})
+    assert text.endswith("passed, but warmup stops only at the second passing round in a row")
+    assert stopping.describe({"iterations": 15, "check": dict(check, step_change=0.1)}).endswith(
+        "failed: step size change over the last two rounds")
