@@ -102,3 +102,6 @@ def test_a_warning_names_the_test_that_kept_warmup_going():
     assert text.endswith("passed, but warmup stops only at the second passing round in a row")
     assert stopping.describe({"iterations": 15, "check": dict(check, step_change=0.1)}).endswith(
         "failed: step size change over the last two rounds")
+    cold = stopping.describe({"phase": "cold", "iterations": 20, "check": {"drift_mean": 4.4, "drift_variance": 3.5,
+                                                                           "paired_drift": 4.4, "critical": 3.48}})
+    assert cold.startswith("drift |z| 4.4 (mean)") and cold.endswith("of at most 3.48; failed: drift")
