@@ -1,4 +1,4 @@
-"""Monte-Carlo-error-aware comparisons of draws with exact posterior moments."""
+"""Monte-Carlo-error-aware comparisons of draws with exact posterior moments; AR(1) chains for the statistics' tests."""
 
 from __future__ import annotations
 
@@ -42,3 +42,15 @@ def within_correlation_error(draws, exact_mean, exact_cov, z=4.5):
         tol = z * (1 - rho[i, j] ** 2) / np.sqrt(ess)
         assert abs(r[i, j] - rho[i, j]) < tol, (
             f"corr[{i},{j}] {r[i, j]:.4f} vs exact {rho[i, j]:.4f} (tolerance {tol:.3g}, ess {ess:.0f})")
+
+
+def ar1(rng, rho, shape):
+    """AR(1) chains along axis 1 with autocorrelation ``rho`` (a scalar, or one per trailing scalar)."""
+    import numpy as np
+
+    noise = rng.normal(size=shape)
+    x = np.empty(shape)
+    x[:, 0] = noise[:, 0]
+    for t in range(1, shape[1]):
+        x[:, t] = rho * x[:, t - 1] + noise[:, t]
+    return x

@@ -3,18 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from mc_checks import ar1
 
 from dhmc.stats import ebfmi
-
-
-def _ar1(rng, rho, shape) -> np.ndarray:
-    """AR(1) chains along axis 1 with autocorrelation ``rho`` (a scalar, or one per trailing scalar)."""
-    noise = rng.normal(size=shape)
-    x = np.empty(shape)
-    x[:, 0] = noise[:, 0]
-    for t in range(1, shape[1]):
-        x[:, t] = rho * x[:, t - 1] + noise[:, t]
-    return x
 
 
 def test_ebfmi_of_an_ar1_energy_and_of_chains_that_each_keep_their_level():
@@ -22,7 +13,7 @@ def test_ebfmi_of_an_ar1_energy_and_of_chains_that_each_keep_their_level():
     low fraction (the ensemble's variance, not a chain's own), which Stan's per-chain fraction reads as high."""
     rng = np.random.default_rng(0)
     for rho in (0.0, 0.5, 0.9):
-        energy = _ar1(rng, rho, (256, 200)) * np.sqrt(1 - rho**2)
+        energy = ar1(rng, rho, (256, 200)) * np.sqrt(1 - rho**2)
         assert abs(ebfmi(energy) - 2 * (1 - rho)) < 0.05 * 2 * (1 - rho) + 0.01, rho
     levels = rng.normal(0.0, 3.0, size=(512, 1)) + rng.normal(0.0, 0.3, size=(512, 10))
     assert ebfmi(levels) < 0.05

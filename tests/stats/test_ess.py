@@ -12,6 +12,7 @@ import arviz as az
 import numpy as np
 import pytest
 import xarray as xr
+from mc_checks import ar1
 
 from dhmc.stats import ess_bulk, ess_sd, ess_tail
 
@@ -21,16 +22,6 @@ ESS = {"bulk": ess_bulk, "tail": ess_tail}
 def _arviz(draws: np.ndarray, method: str) -> np.ndarray:
     dims = ("chain", "draw", *(f"dim_{i}" for i in range(draws.ndim - 2)))
     return np.asarray(az.ess(xr.Dataset({"x": (dims, draws)}), method=method)["x"].values, float)
-
-
-def _ar1(rng, rho, shape) -> np.ndarray:
-    """AR(1) chains along axis 1 with autocorrelation ``rho`` (a scalar, or one per trailing scalar)."""
-    noise = rng.normal(size=shape)
-    x = np.empty(shape)
-    x[:, 0] = noise[:, 0]
-    for t in range(1, shape[1]):
-        x[:, t] = rho * x[:, t - 1] + noise[:, t]
-    return x
 
 
 def _datasets() -> dict[str, np.ndarray]:
@@ -43,24 +34,24 @@ def _datasets() -> dict[str, np.ndarray]:
     one_constant_chain[0] = 1.5
     return {
         "iid normal": rng.normal(size=(4, 1000)),
-        "AR(1) 0.9": _ar1(rng, 0.9, (4, 1000)),
-        "AR(1) 0.99": _ar1(rng, 0.99, (4, 2000)),
-        "AR(1) -0.7 (antithetic)": _ar1(rng, -0.7, (4, 500)),
+        "AR(1) 0.9": ar1(rng, 0.9, (4, 1000)),
+        "AR(1) 0.99": ar1(rng, 0.99, (4, 2000)),
+        "AR(1) -0.7 (antithetic)": ar1(rng, -0.7, (4, 500)),
         "Cauchy": rng.standard_cauchy(size=(4, 1000)),
         "Poisson(2), many ties": rng.poisson(2.0, size=(4, 1000)).astype(float),
         "binary, 3% ones": (rng.random((4, 1000)) < 0.03).astype(float),
         "1 chain": rng.normal(size=(1, 1000)),
         "2 chains x 4 draws": rng.normal(size=(2, 4)),
-        "odd draws": _ar1(rng, 0.5, (3, 101)),
+        "odd draws": ar1(rng, 0.5, (3, 101)),
         "constant": np.full((4, 100), 2.0),
         "one constant chain": one_constant_chain,
         "a NaN draw (one of 3 scalars)": with_nan,
         "an infinite draw": with_inf,
         "chains that disagree": rng.normal(size=(4, 500)) + np.array([0.0, 0.0, 3.0, -3.0])[:, None],
-        "(chains, draws, k)": _ar1(rng, np.array([0.0, 0.5, 0.95]), (6, 300, 3)),
-        "(chains, draws, k, m)": _ar1(rng, np.array([[0.2, 0.8], [0.9, -0.5]]), (3, 200, 2, 2)),
-        "float32": _ar1(rng, 0.8, (4, 400)).astype(np.float32),
-        "short, strongly autocorrelated": _ar1(rng, rng.uniform(-0.99, 0.99, size=200), (3, 12, 200)),
+        "(chains, draws, k)": ar1(rng, np.array([0.0, 0.5, 0.95]), (6, 300, 3)),
+        "(chains, draws, k, m)": ar1(rng, np.array([[0.2, 0.8], [0.9, -0.5]]), (3, 200, 2, 2)),
+        "float32": ar1(rng, 0.8, (4, 400)).astype(np.float32),
+        "short, strongly autocorrelated": ar1(rng, rng.uniform(-0.99, 0.99, size=200), (3, 12, 200)),
     }
 
 
@@ -83,7 +74,7 @@ def test_matches_arviz_on_many_short_chains(method):
     few draws, negative autocorrelations included."""
     rng = np.random.default_rng(7)
     for chains, draws in [(1, 4), (1, 9), (2, 5), (2, 8), (3, 7), (4, 16), (5, 33)]:
-        x = _ar1(rng, rng.uniform(-0.99, 0.99, size=100), (chains, draws, 100))
+        x = ar1(rng, rng.uniform(-0.99, 0.99, size=100), (chains, draws, 100))
         np.testing.assert_allclose(ESS[method](x), _arviz(x, method), rtol=1e-12, err_msg=f"{chains}x{draws}")
 
 
@@ -150,7 +141,7 @@ def test_the_monitor_reports_arviz_ess():
     monitor = ConvergenceMonitor(spec, sink=None)
     for segment in range(2):
         for chunk in range(2):
-            x = _ar1(rng, np.array([0.0, 0.9, -0.3]), (8, 50, 3)).astype(np.float32)
+            x = ar1(rng, np.array([0.0, 0.9, -0.3]), (8, 50, 3)).astype(np.float32)
             monitor.add(chunk, segment, SimpleNamespace(head_draws={"x": x}))
     params = monitor.measure(2)["params"]
     for method in ("bulk", "tail"):
@@ -161,7 +152,7 @@ def test_the_monitor_reports_arviz_ess():
 @pytest.mark.slow
 def test_speed_against_arviz():
     """Printed, not asserted (``-s``): 128 chains x 4000 draws x 10 scalars."""
-    x = _ar1(np.random.default_rng(1), np.linspace(0.0, 0.95, 10), (128, 4000, 10))
+    x = ar1(np.random.default_rng(1), np.linspace(0.0, 0.95, 10), (128, 4000, 10))
     for method in ("bulk", "tail"):
         start = time.perf_counter()
         ours = ESS[method](x)
