@@ -64,34 +64,45 @@ class Check:
         return self.drift_mean < self.critical and self.drift_variance < self.critical \
             and self.paired_drift < self.critical
 
+    def failures(self, iterations: int = 0) -> list[str]:
+        """The tests of this module's docstring the round failed, by name, over ``iterations`` since the round
+        compared with (0: :data:`STEP_CHANGE_ITERATIONS`)."""
+        tests = (("drift", self.stationary), ("displacement", self.displacement >= MIN_DISPLACEMENT),
+                 ("step size", self.step_change < max_step_change(iterations)),
+                 ("trajectory length", self.length_change < MAX_LENGTH_CHANGE))
+        return [name for name, ok in tests if not ok]
+
     def as_dict(self) -> dict:
         return {k: (v if isinstance(v, bool) else round(float(v), 4)) for k, v in self.__dict__.items()}
+
+
+def max_step_change(iterations: int = 0) -> float:
+    """The |log| change of the step size allowed over ``iterations`` (0: :data:`STEP_CHANGE_ITERATIONS`)."""
+    return MAX_STEP_CHANGE * (iterations or STEP_CHANGE_ITERATIONS) / STEP_CHANGE_ITERATIONS
 
 
 def describe(record: dict) -> str:
     """What a warmup round's record (its ``iterations`` and :meth:`Check.as_dict` as ``check``; a cold round's tests
     the drift only) measured, in words, each test against its limit, and which failed: for a warning that warmup
     did not converge."""
-    c = {"drift_mean": math.inf, "drift_variance": math.inf, "paired_drift": math.inf, "critical": math.inf,
-         "displacement": 0.0, "step_change": math.inf, "length_change": 0.0, **record.get("check", {})}
+    recorded = record.get("check", {})
+    unmeasured = {"drift_mean": math.inf, "drift_variance": math.inf, "paired_drift": math.inf, "critical": math.inf,
+                  "displacement": 0.0, "step_change": math.inf, "length_change": 0.0, "divergence_rate": 0.0}
+    c = Check(False, **{name: recorded.get(name, value) for name, value in unmeasured.items()})
     percent = lambda log_change: f"{100 * math.expm1(log_change):.0f}%" if math.isfinite(log_change) else "inf"
-    max_step = MAX_STEP_CHANGE * (record.get("iterations") or STEP_CHANGE_ITERATIONS) / STEP_CHANGE_ITERATIONS
-    drift = max(c["drift_mean"], c["drift_variance"], c["paired_drift"])
-    tests = [(f"drift |z| {c['drift_mean']:.3g} (mean), {c['drift_variance']:.3g} (variance) and "
-              f"{c['paired_drift']:.3g} (paired) of at most {c['critical']:.3g}", "drift", drift < c["critical"]),
-             (f"displacement {c['displacement']:.3g} of at least {MIN_DISPLACEMENT}", "displacement",
-              c["displacement"] >= MIN_DISPLACEMENT),
-             (f"step size change {percent(c['step_change'])} of at most {percent(max_step)}", "step size",
-              c["step_change"] < max_step),
-             (f"trajectory length change {percent(c['length_change'])} of at most {percent(MAX_LENGTH_CHANGE)}",
-              "trajectory length", c["length_change"] < MAX_LENGTH_CHANGE)]
+    iterations = record.get("iterations") or 0
+    texts = [f"drift |z| {c.drift_mean:.3g} (mean), {c.drift_variance:.3g} (variance) and {c.paired_drift:.3g} "
+             f"(paired) of at most {c.critical:.3g}",
+             f"displacement {c.displacement:.3g} of at least {MIN_DISPLACEMENT}",
+             f"step size change {percent(c.step_change)} of at most {percent(max_step_change(iterations))}",
+             f"trajectory length change {percent(c.length_change)} of at most {percent(MAX_LENGTH_CHANGE)}"]
+    failed = c.failures(iterations)
     if record.get("phase") == "cold":  # its rounds test the drift only
-        tests = tests[:1]
-    failed = [name for _, name, ok in tests if not ok]
+        texts, failed = texts[:1], [f for f in failed if f == "drift"]
     verdict = f"failed: {', '.join(failed)}" if failed else \
-        ("passed, but warmup stops only at the second passing round in a row" if c.get("passed")
+        ("passed, but warmup stops only at the second passing round in a row" if recorded.get("passed")
          else "failed: step size change over the last two rounds")
-    return f"{'; '.join(text for text, _, _ in tests)}; {verdict}"
+    return f"{'; '.join(texts)}; {verdict}"
 
 
 def critical_z(dim: int) -> float:
@@ -181,13 +192,10 @@ def converged(current, previous, start: np.ndarray, end: np.ndarray, chains: int
     if length_change and previous.trajectory_length > 0:
         length_change = min(length_change, abs(math.log(current.trajectory_length / previous.trajectory_length)))
     step_change = abs(math.log(current.step_size / previous.step_size)) if adapt else 0.0
-    max_step_change = MAX_STEP_CHANGE * (iterations or STEP_CHANGE_ITERATIONS) / STEP_CHANGE_ITERATIONS
     check = Check(False, drift_mean, drift_variance, critical, displacement, step_change, length_change,
                   divergence_rate, paired_drift(start, end))
-    ok = (check.stationary and displacement >= MIN_DISPLACEMENT and step_change < max_step_change
-          and length_change < MAX_LENGTH_CHANGE)
-    return replace(check, converged=bool(ok))
+    return replace(check, converged=not check.failures(iterations))
 
 
-__all__ = ["Check", "converged", "critical_z", "describe", "drift_chains", "moment_drift", "paired_drift",
-           "variances"]
+__all__ = ["Check", "converged", "critical_z", "describe", "drift_chains", "max_step_change", "moment_drift",
+           "paired_drift", "variances"]

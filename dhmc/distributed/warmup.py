@@ -41,7 +41,7 @@ import numpy as np
 
 from dhmc.core.adaptation.welford import WelfordState, welford
 from dhmc.distributed.cold_rounds import ColdPhase, cold_applies
-from dhmc.distributed.stopping import MAX_STEP_CHANGE, STEP_CHANGE_ITERATIONS, converged
+from dhmc.distributed.stopping import converged, max_step_change
 
 AUTO_ROUND = 25  # iterations per round of warmup="auto"
 AUTO_ROUND_AFTER_COLD = 15  # ... after a cold phase, whose ensemble is near the typical set already
@@ -256,8 +256,7 @@ class Policy:
                                    step.iterations + self.rounds[r - 1])
                 check = replace(check, converged=longer.drift_mean < check.critical
                                 and longer.drift_variance < check.critical
-                                and longer.step_change < MAX_STEP_CHANGE * (step.iterations + self.rounds[r - 1])
-                                / STEP_CHANGE_ITERATIONS,
+                                and longer.step_change < max_step_change(step.iterations + self.rounds[r - 1]),
                                 drift_mean=max(check.drift_mean, longer.drift_mean),
                                 drift_variance=max(check.drift_variance, longer.drift_variance))
             stop = check.converged and self.settled and r + 1 >= MIN_ROUNDS
