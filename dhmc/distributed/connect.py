@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 from contextlib import suppress
+from pathlib import Path
 
 import dask.config
 from distributed import Client, SpecCluster
@@ -40,6 +41,7 @@ def connect(cluster=None, options: dict | None = None):
     ``cluster`` is None or ``"local"`` (embedded), ``"cuda"``, ``"slurm"``, a scheduler address,
     a ``Client`` or a ``Cluster``. ``close()`` shuts down only what this call started.
     """
+    _drop_interrupt_race()
     if isinstance(cluster, Client):
         return cluster, lambda: None
     if isinstance(cluster, Cluster):
@@ -77,6 +79,32 @@ def connect(cluster=None, options: dict | None = None):
         return client, client.close
     raise ValueError(f"cluster must be None, one of {', '.join(KINDS)}, a scheduler address, a Client or a "
                      f"Cluster; got {cluster!r}")
+
+
+class _InterruptRace(logging.Filter):
+    """Drop the ``NameError`` that Distributed's ``sync`` logs when Ctrl-C comes before its future exists.
+
+    ``distributed.utils.sync`` answers ``KeyboardInterrupt`` by scheduling ``cancel()``, which reads a
+    ``future`` assigned only once the coroutine has started; interrupted in between, the event loop logs a
+    traceback for a call that had nothing to cancel. The interrupt itself is raised and handled as always.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, NameError) or error.__traceback__ is None:
+            return True
+        last = error.__traceback__
+        while last.tb_next is not None:
+            last = last.tb_next
+        code = last.tb_frame.f_code
+        return not (code.co_name == "cancel" and Path(code.co_filename).parts[-2:] == ("distributed", "utils.py"))
+
+
+def _drop_interrupt_race() -> None:
+    """Install :class:`_InterruptRace` on Tornado's callback logger, once."""
+    logger = logging.getLogger("tornado.application")
+    if not any(isinstance(f, _InterruptRace) for f in logger.filters):
+        logger.addFilter(_InterruptRace())
 
 
 def _causes(error: BaseException) -> str:

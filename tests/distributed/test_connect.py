@@ -29,3 +29,47 @@ def test_dhmcs_own_cluster_errors_pass_unchanged(monkeypatch):
     monkeypatch.setattr(connect_module, "slurm_cluster", missing)
     with pytest.raises(ClusterError, match=r"^cluster='slurm' needs dask-jobqueue"):
         connect("slurm")
+
+
+def test_ctrl_c_before_a_sync_call_started_logs_no_traceback(caplog):
+    """Distributed's ``sync`` logs a NameError when interrupted before its future exists; dhmc drops it.
+
+    Without the filter this test sees that NameError logged (checked when it was written).
+    """
+    import logging
+    import os
+    import signal
+    import threading
+    import time
+
+    from distributed.utils import LoopRunner, sync
+
+    logger = logging.getLogger("tornado.application")
+    saved = list(logger.filters)
+    connect_module._drop_interrupt_race()
+    connect_module._drop_interrupt_race()  # installed once however often connect() runs
+    assert sum(isinstance(f, connect_module._InterruptRace) for f in logger.filters) == 1
+    sent = threading.Event()
+
+    def interrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+        sent.set()
+
+    runner = LoopRunner(asynchronous=False)
+    runner.start()
+    try:
+        runner.loop.add_callback(sent.wait, 30)  # the loop is busy until Ctrl-C: the sync call has not started
+        threading.Timer(0.2, interrupt).start()
+
+        async def nothing():
+            return None
+
+        with caplog.at_level(logging.ERROR, logger="tornado.application"), pytest.raises(KeyboardInterrupt):
+            sync(runner.loop, nothing)
+        sent.wait(30)
+        time.sleep(0.5)  # the loop runs the sync call's cancel() once it is free
+    finally:
+        runner.stop()
+        logger.filters[:] = saved
+    assert not [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], NameError)]
