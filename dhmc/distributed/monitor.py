@@ -20,12 +20,14 @@ Brownian motion's observation scale (kurtosis 24.6) read 12.2 +- 1.0 at 10 draws
 correlated 0.30 with the first's (z = 9.7 against a critical 3.9), where the non-centred eight schools' log tau
 read 3.2 (critical 3.5) and the other posteriors' scalars 2.0 or less.
 
-With ``draws="auto"`` the sd's ESS is the head chains' own (at most 1024), not scaled up to the ensemble as the bulk
-and tail ESS are: a heavy tail's sd rests on the few chains that have reached the tail, and a larger ensemble
-holds its share of them only once each chain has had the time to get there, which more chains do not shorten.
-Scaled, 4096 chains of the Brownian motion (``laplace=True``) met the sd's target at 50 draws (a quarter of it
-from the 1024 chains read) and stopped 9% narrow; 1024 chains of it run about 400 draws. Runs of up to 1024 chains
-read them all, and are unchanged.
+With ``draws="auto"`` the sd's ESS is the head chains' own, not scaled up to the ensemble as the bulk and tail ESS
+are: a heavy tail's sd rests on the few chains that have reached the tail, whose share an ensemble's part does not
+show. So the monitor reads up to :data:`MAX_CHAINS` chains (all of a 4096-chain run, while their draws fit
+``dhmc.monitor-memory``). Reading 1024 of 4096 chains and scaling, the Brownian motion (``laplace=True``) met the
+sd's target at 50 draws and stopped 9% narrow; reading the first 1024 unscaled, 4096 chains ran the 420-500 draws
+that 1024 do, so more chains bought nothing. :func:`start_memory` reads at most :data:`MEMORY_CHAINS` of them
+(spread over the chunks), as warmup's paired test does, so more chains bring no fresh chance to fail it. Runs of
+up to 1024 chains read them all, and are unchanged.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ from dhmc.stats import ess_bulk, ess_sd, ess_tail, nested_rhat, split_rhat, supe
 __all__ = ["RHAT_MAX", "ConvergenceMonitor", "head_chains", "remaining", "start_memory"]
 
 RHAT_MAX = 1.01
-MAX_CHAINS = 1024  # the monitor looks at about this many chains, the first of each chunk (nested R-hat's noise
+MAX_CHAINS = 4096  # the monitor looks at about this many chains, the first of each chunk (nested R-hat's noise
 # floor is about sqrt(1 + 1 / (chains per superchain x ESS per chain)): 16 chains per chunk of a
-# 1024-chain run and 10 draws sat at 1.01)
+# 1024-chain run and 10 draws sat at 1.01; the sd's ESS counts the chains read)
+MEMORY_CHAINS = 1024  # start_memory reads about this many of them: its z grows as sqrt(chains)
 GROWTH = 1.2  # draws="auto" measures waves as the draws grow by 20%: checks cost O(log draws) ...
 FIXED_GROWTH = 2.0  # ... a fixed-draws run (only watched) as they double,
 FIXED_ESS_CHAINS = 128  # its ESS from this many of the head chains, spread over the chunks (R-hat from all):
@@ -53,7 +56,7 @@ FIXED_ESS_CHAINS = 128  # its ESS from this many of the head chains, spread over
 
 
 def head_chains(geometry: Geometry, draw_bytes: int = 0, budget: int | None = None, draws: int | None = None) -> int:
-    """Chains per chunk the monitor looks at: the first ``min(smallest chunk, 1024 / chunks)``, at least 1, and
+    """Chains per chunk the monitor looks at: the first ``min(smallest chunk, MAX_CHAINS / chunks)``, at least 1, and
     no more than keep all their ``draws`` (the run's, unless given; ``draw_bytes`` each) within ``budget`` bytes
     (``dhmc.monitor-memory``)."""
     smallest = len(geometry.chunk(geometry.num_chunks - 1))
@@ -194,7 +197,8 @@ class ConvergenceMonitor:
         out scalars whose values are undefined (constant draws); no ESS at all counts as 0; ``worst``
         names the scalar of the largest split R-hat. With ``draws="auto"`` the record also has
         ``target_ess``, ``max_draws``, ``converged``, ``remaining``, ``max_rhat`` (the rule's: nested), and
-        ``start_memory`` (:func:`start_memory`) with the ``memory_critical`` z it must stay below (Bonferroni over
+        ``start_memory`` (:func:`start_memory` of at most :data:`MEMORY_CHAINS` of the chains read, spread over the
+        chunks) with the ``memory_critical`` z it must stay below (Bonferroni over
         the scalars, :func:`~dhmc.distributed.stopping.critical_z`).
         """
         geometry, draws = self.geometry, self.draws(wave)
@@ -212,7 +216,8 @@ class ConvergenceMonitor:
         params = {label: {k: _float(v[i]) for k, v in columns.items()} for i, label in enumerate(names)}
         record = {"draws": n, "chains": used, **_extremes(names, columns), "params": params}
         if self.auto:
-            target, memory, critical = self.spec.target_ess, start_memory(flat), critical_z(len(names))
+            memory = start_memory(flat[::math.ceil(used / MEMORY_CHAINS)])
+            target, critical = self.spec.target_ess, critical_z(len(names))
             converged = record["min_ess"] >= target and record["max_nested_rhat"] < RHAT_MAX and memory < critical
             left = remaining(n, record["min_ess"], target, geometry.draws)
             if not converged and not left:  # the ESS is there, the rest is not: at least until the next check

@@ -78,25 +78,48 @@ def test_the_auto_rule_waits_for_a_heavy_tails_sd():
 
 
 def test_the_auto_rule_reads_a_large_ensembles_sd_from_the_chains_it_reads():
-    """4096 chains, 1024 of them read: the bulk and tail ESS scale to the ensemble, the sd's does not (a heavy tail
-    fills in time per chain, not with more chains). Student-t draws whose sd's ESS is short of the target in the
-    1024 chains read, and would meet it four times over, do not stop the run; the same draws read as a 1024-chain
-    run's give the same sd ESS."""
+    """The monitor reads up to 4096 chains: all of a 4096-chain run. Of 16384 chains it reads 4096: the bulk and tail
+    ESS scale to the ensemble, the sd's does not (a heavy tail's sd rests on the few chains that reached the tail).
+    Student-t draws whose sd's ESS is short of the target in the 4096 chains read, and would meet it four times over,
+    do not stop the run; the same draws read as a 4096-chain run's give the same sd ESS."""
     rng = np.random.default_rng(7)
-    large = ConvergenceMonitor(SimpleNamespace(chains=4096, target_ess=2000.0, geometry=Geometry(4096, 40, 256, 10)),
+    large = ConvergenceMonitor(SimpleNamespace(chains=16384, target_ess=8000.0,
+                                               geometry=Geometry(16384, 40, 256, 10)), sink=None)
+    small = ConvergenceMonitor(SimpleNamespace(chains=4096, target_ess=8000.0, geometry=Geometry(4096, 40, 64, 10)),
                                sink=None)
-    small = ConvergenceMonitor(SimpleNamespace(chains=1024, target_ess=2000.0, geometry=Geometry(1024, 40, 64, 10)),
-                               sink=None)
-    assert large.chains_at(1) == small.chains_at(1) == 64  # per chunk: 1024 chains read either way
-    for chunk in range(16):
+    assert large.chains_at(1) == small.chains_at(1) == 64  # per chunk: 4096 chains read either way
+    assert ConvergenceMonitor(SimpleNamespace(chains=4096, target_ess=400.0, geometry=Geometry(4096, 40, 256, 10)),
+                              sink=None).chains_at(1) == 256  # a 4096-chain run's every chain
+    for chunk in range(64):
         draws = {"t": rng.standard_t(3.0, size=(64, 10))}
         large.add(chunk, 0, SimpleNamespace(head_draws=draws))
         small.add(chunk, 0, SimpleNamespace(head_draws=draws))
     big, read = large.measure(1), small.measure(1)
     t = big["params"]["t"]
-    assert t["ess_sd"] == read["params"]["t"]["ess_sd"] < 2000 < 4 * t["ess_sd"]
-    assert min(t["ess_bulk"], t["ess_tail"]) > 2000 and t["ess_bulk"] == 4 * read["params"]["t"]["ess_bulk"]
+    assert t["ess_sd"] == read["params"]["t"]["ess_sd"] < 8000 < 4 * t["ess_sd"]
+    assert min(t["ess_bulk"], t["ess_tail"]) > 8000 and t["ess_bulk"] == 4 * read["params"]["t"]["ess_bulk"]
     assert not big["converged"] and big["min_ess"] == t["ess_sd"]
+
+
+def test_start_memory_reads_1024_of_the_chains_read():
+    """Chains that remember their start a little (first and last draws correlated 0.08): 1024 chains cannot tell
+    (z about 2.6, here 2.0, below the critical 2.8), 4096 can (5.3), and a 4096-chain run is not held back by what a
+    1024-chain run would pass: its start memory is that of 1024 of its chains, spread over its chunks."""
+    rng = np.random.default_rng(3)
+    r = 0.08
+    first = rng.normal(size=(4096, 1))
+    last = r * first + np.sqrt(1 - r * r) * rng.normal(size=(4096, 1))
+    x = np.concatenate([first, rng.normal(size=(4096, 8)), last], axis=1)
+    from dhmc.distributed.monitor import start_memory
+
+    assert start_memory(x[:, :, None]) > 4.0  # all 4096 would hold it back
+    spec = SimpleNamespace(chains=4096, target_ess=400.0, geometry=Geometry(4096, 40, 256, 10))
+    monitor = ConvergenceMonitor(spec, sink=None)
+    for chunk in range(16):
+        monitor.add(chunk, 0, SimpleNamespace(head_draws={"x": x[256 * chunk:256 * chunk + 256]}))
+    record = monitor.measure(1)
+    assert record["chains"] == 4096 and record["start_memory"] == start_memory(x[::4, :, None])
+    assert record["start_memory"] < record["memory_critical"] and record["converged"]
 
 
 def test_start_memory_is_noise_for_chains_that_forgot_their_start():
