@@ -56,6 +56,8 @@ def test_ctrl_c_before_a_sync_call_started_logs_no_traceback(caplog):
         time.sleep(0.5)
         sent.set()
 
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt (an imported
+    # dask_jobqueue.runner makes it SystemExit)
     runner = LoopRunner(asynchronous=False)
     runner.start()
     try:
@@ -71,5 +73,6 @@ def test_ctrl_c_before_a_sync_call_started_logs_no_traceback(caplog):
         time.sleep(0.5)  # the loop runs the sync call's cancel() once it is free
     finally:
         runner.stop()
+        signal.signal(signal.SIGINT, handler)
         logger.filters[:] = saved
     assert not [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], NameError)]
