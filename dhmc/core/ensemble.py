@@ -230,9 +230,10 @@ def warmup_chunk(logdensity_fn: LogDensityFn, config: KernelConfig):
                             recorded=jnp.zeros((chains, record, dim), positions.dtype) if record else None)
         keep = lambda flag, new, old: jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
 
-        # dual averaging probes larger steps; past the grid point above a searched eps0, whose one-step
-        # harmonic acceptance already missed the target, the leapfrog may be unstable: every chain diverged
-        # there once per round on a 2-D Gaussian of condition 2000 (sds 1 and 1000, correlation 0.999)
+        # dual averaging probes larger steps; more than sqrt(2) past a searched eps0 (on a first search's grid,
+        # the point above it, whose one-step harmonic acceptance already missed the target) the leapfrog may be
+        # unstable: every chain diverged there once per round on a 2-D Gaussian of condition 2000 (sds 1 and
+        # 1000, correlation 0.999)
         largest = jnp.where(searched, eps0 * jnp.sqrt(2.0).astype(positions.dtype), jnp.inf)
         capped = lambda log_eps: jnp.minimum(jnp.exp(log_eps), largest)
 

@@ -20,14 +20,18 @@ Brownian motion's observation scale (kurtosis 24.6) read 12.2 +- 1.0 at 10 draws
 correlated 0.30 with the first's (z = 9.7 against a critical 3.9), where the non-centred eight schools' log tau
 read 3.2 (critical 3.5) and the other posteriors' scalars 2.0 or less.
 
-With ``draws="auto"`` the sd's ESS is the head chains' own, not scaled up to the ensemble as the bulk and tail ESS
-are: a heavy tail's sd rests on the few chains that have reached the tail, whose share an ensemble's part does not
-show. So the monitor reads up to :data:`MAX_CHAINS` chains (all of a 4096-chain run, while their draws fit
-``dhmc.monitor-memory``). Reading 1024 of 4096 chains and scaling, the Brownian motion (``laplace=True``) met the
-sd's target at 50 draws and stopped 9% narrow; reading the first 1024 unscaled, 4096 chains ran the 420-500 draws
-that 1024 do, so more chains bought nothing. :func:`start_memory` reads at most :data:`MEMORY_CHAINS` of them
-(spread over the chunks), as warmup's paired test does, so more chains bring no fresh chance to fail it. Runs of
-up to 1024 chains read them all, and are unchanged.
+With ``draws="auto"`` the sd's ESS is not scaled up to the ensemble as the bulk and tail ESS are: it counts at most
+:data:`SD_CHAINS` chains' worth (the ESS of the chains read, times ``SD_CHAINS / chains read`` where more are read).
+A heavy tail's sd rests on the few chains that have reached the tail, and while warmup's ensemble hands it over
+thin, on how long each chain has run: the bias of the draws' sd falls with the draws per chain, not with the
+chains. The monitor reads up to :data:`MAX_CHAINS` chains (all of a 4096-chain run, while their draws fit
+``dhmc.monitor-memory``), so that sd ESS is read from all of them, with less noise than from 1024. Reading 1024
+of 4096 chains and scaling by 4, the Brownian motion (``laplace=True``) met the sd's target at 50 draws and
+stopped 9% narrow; counting all 4096 unscaled, six runs (three seeds, two warmups) stopped at 30-120 draws, every
+one narrow (0.944-0.978 of the reference sd, mean 0.967; one failed the 5% check), where 1024 chains' 350-500
+draws read 0.968-1.012: that tail needs the draws per chain that 1024 chains run. :func:`start_memory` reads at
+most :data:`MEMORY_CHAINS` of them (spread over the chunks), as warmup's paired test does, so more chains bring
+no fresh chance to fail it. Runs of up to 1024 chains read them all, and are unchanged.
 """
 
 from __future__ import annotations
@@ -42,12 +46,13 @@ from dhmc.distributed.stopping import critical_z
 from dhmc.geometry import Geometry
 from dhmc.stats import ess_bulk, ess_sd, ess_tail, nested_rhat, split_rhat, superchains
 
-__all__ = ["RHAT_MAX", "ConvergenceMonitor", "head_chains", "remaining", "start_memory"]
+__all__ = ["RHAT_MAX", "SD_CHAINS", "ConvergenceMonitor", "head_chains", "remaining", "start_memory"]
 
 RHAT_MAX = 1.01
 MAX_CHAINS = 4096  # the monitor looks at about this many chains, the first of each chunk (nested R-hat's noise
 # floor is about sqrt(1 + 1 / (chains per superchain x ESS per chain)): 16 chains per chunk of a
-# 1024-chain run and 10 draws sat at 1.01; the sd's ESS counts the chains read)
+# 1024-chain run and 10 draws sat at 1.01)
+SD_CHAINS = 1024  # the sd's ESS counts at most this many chains' worth (see the module's docstring)
 MEMORY_CHAINS = 1024  # start_memory reads about this many of them: its z grows as sqrt(chains)
 GROWTH = 1.2  # draws="auto" measures waves as the draws grow by 20%: checks cost O(log draws) ...
 FIXED_GROWTH = 2.0  # ... a fixed-draws run (only watched) as they double,
@@ -191,8 +196,8 @@ class ConvergenceMonitor:
         """Every scalar's ESS and R-hat over the head chains of the first ``wave`` segments, and their extremes.
 
         ``params`` maps each scalar (``x[0]``) to ``{"rhat" (split), "nested_rhat", "ess_bulk",
-        "ess_tail", "ess_sd"}`` (None where undefined; with ``draws="auto"`` ``ess_sd`` is the head chains' own, not
-        scaled: see the module's docstring). ``min_ess`` (bulk, tail or sd, scaled to the ensemble),
+        "ess_tail", "ess_sd"}`` (None where undefined; with ``draws="auto"`` ``ess_sd`` counts at most :data:`SD_CHAINS`
+        chains' worth: see the module's docstring). ``min_ess`` (bulk, tail or sd, scaled to the ensemble),
         ``max_split_rhat`` and ``max_nested_rhat`` (at least 1; infinite for chains stuck apart) leave
         out scalars whose values are undefined (constant draws); no ESS at all counts as 0; ``worst``
         names the scalar of the largest split R-hat. With ``draws="auto"`` the record also has
@@ -211,7 +216,7 @@ class ConvergenceMonitor:
         columns = {"rhat": split_rhat(flat),
                    "nested_rhat": nested_rhat(flat[:used - used % groups], groups) if groups else np.nan,
                    "ess_bulk": ess_bulk(sample) * scale, "ess_tail": ess_tail(sample) * scale,
-                   "ess_sd": ess_sd(sample) * (1.0 if self.auto else scale)}  # auto: the chains read, unscaled
+                   "ess_sd": ess_sd(sample) * (min(1.0, SD_CHAINS / sample.shape[0]) if self.auto else scale)}
         columns = {k: np.broadcast_to(np.asarray(v, float), (len(names),)) for k, v in columns.items()}
         params = {label: {k: _float(v[i]) for k, v in columns.items()} for i, label in enumerate(names)}
         record = {"draws": n, "chains": used, **_extremes(names, columns), "params": params}

@@ -77,11 +77,13 @@ def test_the_auto_rule_waits_for_a_heavy_tails_sd():
     assert z["converged"] and 0.5 * 6400 < z["params"]["t"]["ess_sd"] < 1.5 * 6400
 
 
-def test_the_auto_rule_reads_a_large_ensembles_sd_from_the_chains_it_reads():
-    """The monitor reads up to 4096 chains: all of a 4096-chain run. Of 16384 chains it reads 4096: the bulk and tail
-    ESS scale to the ensemble, the sd's does not (a heavy tail's sd rests on the few chains that reached the tail).
-    Student-t draws whose sd's ESS is short of the target in the 4096 chains read, and would meet it four times over,
-    do not stop the run; the same draws read as a 4096-chain run's give the same sd ESS."""
+def test_the_auto_rule_counts_at_most_1024_chains_worth_of_the_sds_ess():
+    """The monitor reads up to 4096 chains: all of a 4096-chain run, 4096 of 16384. The bulk and tail ESS scale to
+    the ensemble; the sd's counts at most 1024 chains' worth (a tail handed over thin is biased for as many draws
+    per chain at any number of chains): the ESS of the chains read times 1024 / 4096, the same from the same draws
+    read as a 4096-chain run's, and short of a target that the 4096 chains' own sd ESS meets."""
+    from dhmc.stats import ess_sd
+
     rng = np.random.default_rng(7)
     large = ConvergenceMonitor(SimpleNamespace(chains=16384, target_ess=8000.0,
                                                geometry=Geometry(16384, 40, 256, 10)), sink=None)
@@ -90,15 +92,17 @@ def test_the_auto_rule_reads_a_large_ensembles_sd_from_the_chains_it_reads():
     assert large.chains_at(1) == small.chains_at(1) == 64  # per chunk: 4096 chains read either way
     assert ConvergenceMonitor(SimpleNamespace(chains=4096, target_ess=400.0, geometry=Geometry(4096, 40, 256, 10)),
                               sink=None).chains_at(1) == 256  # a 4096-chain run's every chain
+    t = rng.standard_t(5.0, size=(4096, 10))
     for chunk in range(64):
-        draws = {"t": rng.standard_t(3.0, size=(64, 10))}
+        draws = {"t": t[64 * chunk:64 * chunk + 64]}
         large.add(chunk, 0, SimpleNamespace(head_draws=draws))
         small.add(chunk, 0, SimpleNamespace(head_draws=draws))
     big, read = large.measure(1), small.measure(1)
-    t = big["params"]["t"]
-    assert t["ess_sd"] == read["params"]["t"]["ess_sd"] < 8000 < 4 * t["ess_sd"]
-    assert min(t["ess_bulk"], t["ess_tail"]) > 8000 and t["ess_bulk"] == 4 * read["params"]["t"]["ess_bulk"]
-    assert not big["converged"] and big["min_ess"] == t["ess_sd"]
+    sd_ess = big["params"]["t"]["ess_sd"]
+    assert sd_ess == read["params"]["t"]["ess_sd"] == pytest.approx(float(ess_sd(t[:, :, None])[0]) / 4)
+    assert sd_ess < 8000 < 4 * sd_ess
+    assert big["params"]["t"]["ess_bulk"] == 4 * read["params"]["t"]["ess_bulk"] > 8000
+    assert not big["converged"] and not read["converged"] and big["min_ess"] == sd_ess
 
 
 def test_start_memory_reads_1024_of_the_chains_read():
