@@ -8,11 +8,11 @@ import jax.numpy as jnp
 from dhmc.core.metropolis import HMCState
 from dhmc.types import Array, LogDensityFn
 
-__all__ = ["ACCEPTANCE_GROUP", "SEARCH_STEPS", "COLD_GRID", "ROUND_GRID", "harmonic_mean", "find_step_size"]
+__all__ = ["ACCEPTANCE_GROUP", "SEARCH_STEPS", "FIRST_GRID", "ROUND_GRID", "harmonic_mean", "find_step_size"]
 
 ACCEPTANCE_GROUP = 64  # chains per term of the acceptance statistic (see harmonic_mean)
 SEARCH_STEPS = 7  # one-step trials of a step-size search (bisection of at most 128 grid points): gradients, counted
-COLD_GRID = 2  # grid points per octave of a search with no step size to start from: 2^-30 .. 2^4 (69 points)
+FIRST_GRID = 2  # grid points per octave of a first search (no step size to start from): 2^-30 .. 2^4 (69 points)
 ROUND_GRID = 12  # ... and of a search around a round's step size: around / 16 .. 64 around (121 points)
 
 
@@ -59,7 +59,7 @@ def find_step_size(logdensity_fn: LogDensityFn, kernel, states: HMCState, invers
     around = jnp.asarray(around, dtype)
     known = around > 0
     base = jnp.where(known, around, 1.0)
-    per_octave = jnp.where(known, ROUND_GRID, COLD_GRID).astype(dtype)
+    per_octave = jnp.where(known, ROUND_GRID, FIRST_GRID).astype(dtype)
     step = lambda k: base * 2.0 ** (k.astype(dtype) / per_octave)
 
     def passes(k):
@@ -72,7 +72,7 @@ def find_step_size(logdensity_fn: LogDensityFn, kernel, states: HMCState, invers
         ok = passes(middle)
         return jnp.where(ok, middle, low), jnp.where(ok, high, middle - 1)
 
-    bounds = (jnp.where(known, -4 * ROUND_GRID, -30 * COLD_GRID).astype(jnp.int32),
-              jnp.where(known, 6 * ROUND_GRID, 4 * COLD_GRID).astype(jnp.int32))
+    bounds = (jnp.where(known, -4 * ROUND_GRID, -30 * FIRST_GRID).astype(jnp.int32),
+              jnp.where(known, 6 * ROUND_GRID, 4 * FIRST_GRID).astype(jnp.int32))
     low, _ = jax.lax.fori_loop(0, SEARCH_STEPS, bisect, bounds)
     return step(low)
